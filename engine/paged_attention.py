@@ -1,0 +1,142 @@
+"""Paged KV storage and the per-layer cache objects that plug it into mlx-lm models.
+
+Owns the KV tensors on the MLX device (one K and one V pool per layer, shaped
+(kv_heads, num_blocks, block_size, head_dim)). A block of one head is one contiguous row, so
+the context gather is a row `take` straight into the (B, kv_heads, ctx, head_dim) layout
+that attention wants, with no transpose copy). Never decides which blocks a request gets: the
+model runner passes block tables that the scheduler's KV manager chose.
+
+mlx-lm models call `cache.offset` (RoPE position), `cache.update_and_fetch(k, v)` and, through
+`create_attention_mask`, `cache.make_mask(N)`. One forward covers B rows of L new tokens each:
+
+    pool slot of token t of row b  = block_table[b][pos // block_size] * block_size + pos % block_size
+    context of row b               = gather(block_table[b]) -> (ctx_len = max_blocks * block_size) slots
+    mask[b, i, j]                  = j <= offset[b] + i   (and j > offset[b] + i - window, if windowed)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    num_kv_heads: int
+    k_head_dim: int
+    v_head_dim: int
+
+
+class KVStorage:
+    def __init__(self, shapes: list[LayerShape], num_blocks: int, block_size: int, dtype: mx.Dtype):
+        self.shapes = shapes
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.keys = [mx.zeros((s.num_kv_heads, num_blocks, block_size, s.k_head_dim), dtype) for s in shapes]
+        self.values = [mx.zeros((s.num_kv_heads, num_blocks, block_size, s.v_head_dim), dtype) for s in shapes]
+        mx.eval(self.keys, self.values)
+
+    @staticmethod
+    def bytes_per_block(shapes: list[LayerShape], block_size: int, dtype: mx.Dtype) -> int:
+        per_token = sum(s.num_kv_heads * (s.k_head_dim + s.v_head_dim) for s in shapes)
+        return per_token * block_size * dtype.size
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.keys) + sum(a.nbytes for a in self.values)
+
+    def arrays(self) -> list[mx.array]:
+        return self.keys + self.values
+
+
+class StepLayout:
+    """Where one forward call's tokens live: shared by every layer's cache in that call."""
+
+    def __init__(self, offsets: list[int], num_new: int, block_tables: list[list[int]], block_size: int):
+        self.batch = len(offsets)
+        self.num_new = num_new
+        self.block_size = block_size
+        self._offsets = offsets
+        max_blocks = max(len(t) for t in block_tables)
+        # One row needs no padding mask: its context is cut to exactly the tokens it has.
+        self.ctx_len = offsets[0] + num_new if self.batch == 1 else max_blocks * block_size
+        padded = [t + [0] * (max_blocks - len(t)) for t in block_tables]
+        self.block_table = mx.array(padded, dtype=mx.int32)
+        self.offset = offsets[0] if self.batch == 1 else mx.array(offsets, dtype=mx.int32)
+        self.write_slots = mx.array(self._slots(offsets, num_new, block_tables, block_size), dtype=mx.int32)
+        self._masks: dict[int | None, mx.array] = {}
+        self._rows: dict[tuple[int, int], tuple[mx.array, mx.array]] = {}
+
+    def rows(self, heads: int, num_blocks: int) -> tuple[mx.array, mx.array]:
+        """Row indices into a pool flattened head-major: token rows to write, block rows to read."""
+        key = (heads, num_blocks)
+        if key not in self._rows:
+            head = mx.arange(heads, dtype=mx.int32)[:, None]
+            write = head * (num_blocks * self.block_size) + self.write_slots[None, :]
+            # Batch-major read order makes the gathered context (B, H, ctx, D) with no transpose.
+            read = head[None] * num_blocks + self.block_table[:, None, :]
+            self._rows[key] = (write.reshape(-1), read.reshape(-1))
+        return self._rows[key]
+
+    @staticmethod
+    def _slots(offsets: list[int], num_new: int, tables: list[list[int]], block_size: int) -> list[int]:
+        slots = []
+        for offset, table in zip(offsets, tables):
+            for pos in range(offset, offset + num_new):
+                slots.append(table[pos // block_size] * block_size + pos % block_size)
+        return slots
+
+    def mask(self, window_size: int | None) -> mx.array | str | None:
+        if self.batch == 1 and window_size is None:
+            return "causal" if self.num_new > 1 else None
+        if window_size not in self._masks:
+            q_pos = mx.array(self._offsets, dtype=mx.int32)[:, None] + mx.arange(self.num_new)[None, :]
+            k_pos = mx.arange(self.ctx_len)
+            mask = k_pos[None, None, :] <= q_pos[:, :, None]
+            if window_size is not None:
+                mask = mask & (k_pos[None, None, :] > q_pos[:, :, None] - window_size)
+            self._masks[window_size] = mask[:, None, :, :]
+        return self._masks[window_size]
+
+
+class PagedLayerCache:
+    """mlx-lm's cache interface for one layer, backed by the shared paged storage."""
+
+    def __init__(self, storage: KVStorage, layer: int, layout: StepLayout):
+        self.storage = storage
+        self.layer = layer
+        self.layout = layout
+
+    @property
+    def offset(self) -> int | mx.array:
+        return self.layout.offset
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        return self._update(self.storage.keys, keys), self._update(self.storage.values, values)
+
+    def _update(self, pools: list[mx.array], new: mx.array) -> mx.array:
+        batch, heads, num_new, dim = new.shape
+        pool = pools[self.layer]
+        _, num_blocks, block_size, _ = pool.shape
+        write_rows, read_rows = self.layout.rows(heads, num_blocks)
+        # Row views: a single token's vector to write, a whole block to read (take copies whole rows).
+        flat = pool.reshape(heads * num_blocks * block_size, dim)
+        flat[write_rows] = new.transpose(1, 0, 2, 3).reshape(heads * batch * num_new, dim)
+        pools[self.layer] = pool = flat.reshape(heads, num_blocks, block_size, dim)
+        context = mx.take(pool.reshape(heads * num_blocks, block_size * dim), read_rows, axis=0)
+        context = context.reshape(batch, heads, -1, dim)
+        return context if batch > 1 else context[:, :, : self.layout.ctx_len]
+
+    def make_mask(
+        self, N: int, return_array: bool = False, window_size: int | None = None
+    ) -> mx.array | str | None:
+        assert N == self.layout.num_new
+        return self.layout.mask(window_size)
+
+    def is_trimmable(self) -> bool:
+        return False
+
+    @property
+    def state(self) -> list[mx.array]:
+        return [self.storage.keys[self.layer], self.storage.values[self.layer]]
