@@ -25,7 +25,9 @@ class EngineConfig(BaseModel):
         description="Weight and KV dtype. 'auto' is float32 on the CPU (only float32 goes through BLAS) "
         "and the checkpoint's dtype on GPUs.",
     )
-    device: Literal["auto", "cpu", "gpu"] = Field("auto", description="MLX device; 'auto' picks the GPU if any.")
+    device: Literal["auto", "cpu", "gpu"] = Field(
+        "auto", description="MLX device; 'auto' picks the GPU if any."
+    )
     block_size: int = Field(16, ge=1, le=256, description="Tokens per KV cache block.")
     kv_cache_memory_bytes: int | None = Field(
         None, gt=0, description="KV cache budget in bytes; overrides kv_cache_memory_fraction."

@@ -14,7 +14,7 @@ FinishReason = Literal["stop", "length", "abort", "error"]
 
 @dataclass
 class SamplingParams:
-    """Per-request sampling; `None` means the feature is off. Validated by `engine.sampling_params`."""
+    """Per-request sampling; `None` means the feature is off. Validated by `engine.sampler.validate_params`."""
 
     max_tokens: int | None = None  # None: up to the model's context length
     min_tokens: int = 0

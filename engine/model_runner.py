@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import mlx.core as mx
-import mlx.nn as nn
-
 from engine.paged_attention import KVStorage, LayerShape, PagedLayerCache, StepLayout
 from engine.scheduler import ScheduledRequest, SchedulerPlan
+
+import mlx.core as mx
+from mlx import nn
 
 
 class UnsupportedModelError(ValueError):
@@ -82,7 +82,9 @@ class ModelRunner:
     def _forward(self, chunk: list[ScheduledRequest], num_new: int) -> mx.array:
         tables = [s.request.block_ids[: -(-(s.start + num_new) // self.block_size)] for s in chunk]
         layout = StepLayout([s.start for s in chunk], num_new, tables, self.block_size)
-        tokens = mx.array([s.request.all_token_ids[s.start : s.start + num_new] for s in chunk], dtype=mx.int32)
+        tokens = mx.array(
+            [s.request.all_token_ids[s.start : s.start + num_new] for s in chunk], dtype=mx.int32
+        )
         caches = [PagedLayerCache(self.storage, i, layout) for i in range(len(self.storage.shapes))]
         logits = self.model(tokens, cache=caches)
         # Evaluate the pools now so each forward's scatter can update them in place.

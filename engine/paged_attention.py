@@ -34,7 +34,9 @@ class KVStorage:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.keys = [mx.zeros((s.num_kv_heads, num_blocks, block_size, s.k_head_dim), dtype) for s in shapes]
-        self.values = [mx.zeros((s.num_kv_heads, num_blocks, block_size, s.v_head_dim), dtype) for s in shapes]
+        self.values = [
+            mx.zeros((s.num_kv_heads, num_blocks, block_size, s.v_head_dim), dtype) for s in shapes
+        ]
         mx.eval(self.keys, self.values)
 
     @staticmethod

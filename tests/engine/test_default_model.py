@@ -12,15 +12,15 @@ import sys
 import time
 from pathlib import Path
 
+from engine.config import DEFAULT_MODEL
+from engine.default_model import bundled_gguf_path, resolve_model_path
+
 import gguf
 import mlx.core as mx
 import mlx_lm
 import numpy as np
 import pytest
 from gguf.quants import dequantize
-
-from engine.config import DEFAULT_MODEL
-from engine.default_model import bundled_gguf_path, resolve_model_path
 
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 

@@ -1,0 +1,235 @@
+"""Engine benchmark on the bundled model: this engine against mlx-lm, all in one run.
+
+    python bench/engine.py [--out bench/results/engine.json] [--max-tokens 64]
+
+Rows: aggregate decode tokens/s at 1, 8, 32 sequences vs mlx-lm's BatchGenerator (same prompts,
+same weights, EOS ignored); single-stream decode vs mlx_lm's generate_step; KV memory used by live
+tokens vs allocated; sequences that fit a fixed KV budget vs mlx-lm's contiguous batch cache; TTFT
+of a request sharing a 1,000-token prefix vs cold; matmul GFLOP/s and decode with reference BLAS
+vs OpenBLAS (a subprocess each, since BLAS is chosen when the process loads MLX).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run as a script, this file's folder would come first on sys.path and shadow the `engine` package.
+sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import time
+
+import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
+from engine.blas import blas_state
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.messages import GenerateRequest, SamplingParams
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, generate_step
+
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "while",
+    "seven",
+    "wise",
+    "owls",
+    "watch",
+    "from",
+    "old",
+    "oak",
+    "trees",
+]
+
+
+def prompts(llm: LLMEngine, n: int, base_len: int) -> list[list[int]]:
+    out = []
+    for i in range(n):
+        words = " ".join(WORDS[(i + j) % len(WORDS)] for j in range(base_len + 7 * (i % 5)))
+        ids = llm.tokenizer.encode(f"Story {i}: {words}. Continue the story.")
+        out.append(ids)
+    return out
+
+
+def engine_decode(llm: LLMEngine, batch: list[list[int]], max_tokens: int) -> dict:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    for i, ids in enumerate(batch):
+        llm.add_request(GenerateRequest(f"d{time.monotonic_ns()}-{i}", ids, params))
+    decode_s, decode_tokens, ratios = 0.0, 0, []
+    while llm.has_unfinished_requests():
+        plan_is_decode = not llm.scheduler.waiting and all(
+            r.num_computed_tokens == r.num_tokens - 1 for r in llm.scheduler.running
+        )
+        t0 = time.perf_counter()
+        outputs = llm.step()
+        if plan_is_decode and llm.scheduler.running:
+            decode_s += time.perf_counter() - t0
+            decode_tokens += sum(len(o.new_token_ids) for o in outputs)
+            ratios.append(kv_usage(llm))
+    return {"tok_s": decode_tokens / decode_s, "kv_used_over_allocated": sum(ratios) / max(1, len(ratios))}
+
+
+def kv_usage(llm: LLMEngine) -> float:
+    live = sum(r.num_computed_tokens for r in llm.scheduler.running)
+    allocated = sum(len(r.block_ids) for r in llm.scheduler.running) * llm.kv.block_size
+    return live / allocated if allocated else 0.0
+
+
+def batchgen_decode(model, batch: list[list[int]], max_tokens: int) -> dict:
+    gen = BatchGenerator(model, max_tokens=max_tokens, stop_tokens=[], completion_batch_size=len(batch))
+    with gen.stats() as stats:
+        gen.insert(batch, [max_tokens] * len(batch))
+        while gen.next_generated():
+            pass
+    gen.close()
+    # generation_tps: generated tokens over the wall time not spent on prompt processing.
+    return {"tok_s": stats.generation_tps}
+
+
+def single_stream(llm: LLMEngine, ids: list[int], max_tokens: int) -> dict:
+    ours = engine_decode(llm, [ids], max_tokens)["tok_s"]
+    t0, n = None, 0
+    for _token, _ in generate_step(mx.array(ids), llm.runner.model, max_tokens=max_tokens):
+        if t0 is None:
+            t0 = time.perf_counter()
+        else:
+            n += 1
+    return {"engine_tok_s": ours, "mlx_lm_tok_s": n / (time.perf_counter() - t0)}
+
+
+def prefix_ttft(llm: LLMEngine) -> dict:
+    prefix = llm.tokenizer.encode(" ".join(WORDS[i % len(WORDS)] for i in range(1200)))[:1000]
+
+    def ttft(suffix: str) -> float:
+        ids = prefix + llm.tokenizer.encode(suffix)
+        rid = f"t{time.monotonic_ns()}"
+        t0 = time.perf_counter()
+        llm.add_request(GenerateRequest(rid, ids, SamplingParams(max_tokens=1, temperature=0.0)))
+        while llm.has_unfinished_requests():
+            llm.step()
+        return time.perf_counter() - t0
+
+    cold = ttft(" First question: what comes next?")
+    warm = ttft(" Second question: who wrote this?")
+    return {"cold_s": cold, "warm_s": warm, "speedup": cold / warm}
+
+
+def fit_in_budget(llm: LLMEngine, prompt_len: int, max_tokens: int, budget_bytes: int) -> dict:
+    """Sequences of prompt_len + max_tokens tokens that a KV budget holds: paged vs contiguous."""
+    per_token = llm.storage.bytes_per_block(llm.storage.shapes, 1, llm.storage.keys[0].dtype)
+    seq_len = prompt_len + max_tokens
+    paged = budget_bytes // (-(-seq_len // llm.kv.block_size) * llm.kv.block_size * per_token)
+    # mlx-lm's BatchKVCache grows in steps of 256 tokens for the whole (left-padded) batch.
+    contiguous = budget_bytes // (-(-seq_len // 256) * 256 * per_token)
+    return {"budget_bytes": budget_bytes, "seq_len": seq_len, "paged": paged, "contiguous": contiguous}
+
+
+def blas_compare(max_tokens: int) -> dict:
+    code = (
+        "import engine, time, json, mlx.core as mx\n"
+        "from engine.blas import blas_state\n"
+        "a=mx.random.normal((1024,1024)); mx.eval(a@a); t=time.perf_counter()\n"
+        "[mx.eval(a@a) for _ in range(5)]\n"
+        "gflops=5*2*1024**3/(time.perf_counter()-t)/1e9\n"
+        "from engine.config import EngineConfig; from engine.llm_engine import LLMEngine\n"
+        "from bench.engine import engine_decode, prompts\n"
+        "llm=LLMEngine(EngineConfig(kv_cache_memory_bytes=1<<28))\n"
+        f"tps=engine_decode(llm, prompts(llm, 1, 40), {max_tokens})['tok_s']\n"
+        "print(json.dumps({'blas': blas_state().name, 'gflops': gflops, 'decode_tok_s': tps}))\n"
+    )
+    out = {}
+    for mode in ("reference", "openblas"):
+        env = dict(os.environ, MLX_RAY_SERVE_BLAS=mode)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")]
+        )
+        res = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
+        out[mode] = json.loads(res.stdout.strip().splitlines()[-1])
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="bench/results/engine.json")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--batches", default="1,8,32")
+    args = ap.parse_args()
+    llm = LLMEngine(EngineConfig(kv_cache_memory_bytes=1 << 30, max_num_seqs=64, max_num_batched_tokens=512))
+    model = llm.runner.model
+    results: dict = {
+        "machine": f"{platform.machine()} {os.cpu_count()} cores",
+        "blas": blas_state().name,
+        "rows": [],
+    }
+    print(
+        "| sequences | engine tok/s | BatchGenerator tok/s | ratio | KV used/allocated |\n|---|---|---|---|---|"
+    )
+    for b in [int(x) for x in args.batches.split(",")]:
+        batch = prompts(llm, b, 40)
+        ours = engine_decode(llm, batch, args.max_tokens)
+        theirs = batchgen_decode(model, batch, args.max_tokens)
+        row = {
+            "batch": b,
+            "engine_tok_s": ours["tok_s"],
+            "batchgen_tok_s": theirs["tok_s"],
+            "ratio": ours["tok_s"] / theirs["tok_s"],
+            "kv_used_over_allocated": ours["kv_used_over_allocated"],
+        }
+        results["rows"].append(row)
+        print(
+            f"| {b} | {row['engine_tok_s']:.1f} | {row['batchgen_tok_s']:.1f} | {row['ratio']:.2f} | {row['kv_used_over_allocated']:.3f} |"
+        )
+    single = single_stream(llm, prompts(llm, 1, 40)[0], args.max_tokens)
+    single["ratio"] = single["engine_tok_s"] / single["mlx_lm_tok_s"]
+    results["single_stream"] = single
+    print(
+        f"\nsingle stream: engine {single['engine_tok_s']:.1f} tok/s, mlx_lm generate {single['mlx_lm_tok_s']:.1f} tok/s, ratio {single['ratio']:.2f}"
+    )
+    steady = engine_decode(llm, prompts(llm, 16, 180), 128)
+    results["kv_steady_state"] = {
+        "sequences": 16,
+        "prompt_words": 180,
+        "max_tokens": 128,
+        "used_over_allocated": steady["kv_used_over_allocated"],
+    }
+    print(
+        f"KV used/allocated at steady state (16 seqs, ~200-token prompts, 128 out): {steady['kv_used_over_allocated']:.3f}"
+    )
+    fit = fit_in_budget(llm, 200, 128, 256 << 20)
+    results["fit_in_budget"] = fit
+    print(
+        f"sequences of {fit['seq_len']} tokens in {fit['budget_bytes'] >> 20} MiB of KV: paged {fit['paged']}, contiguous (mlx-lm) {fit['contiguous']}"
+    )
+    ttft = prefix_ttft(llm)
+    results["prefix_ttft"] = ttft
+    print(
+        f"TTFT with a 1,000-token prefix: cold {ttft['cold_s'] * 1000:.0f} ms, cached {ttft['warm_s'] * 1000:.0f} ms, {ttft['speedup']:.1f}x"
+    )
+    blas = blas_compare(args.max_tokens)
+    results["blas"] = blas
+    for mode, row in blas.items():
+        print(
+            f"{mode:>9} BLAS: matmul 1024^3 fp32 {row['gflops']:.1f} GFLOP/s, single-stream decode {row['decode_tok_s']:.1f} tok/s"
+        )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2))
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

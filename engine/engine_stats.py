@@ -1,0 +1,63 @@
+"""Reads a snapshot of engine state for the status and metrics endpoints; mutates nothing."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from engine.messages import EngineStats, LiveRequestStats
+from engine.request import Request, RequestStatus
+
+import mlx.core as mx
+
+if TYPE_CHECKING:
+    from engine.llm_engine import LLMEngine
+
+
+def collect_stats(engine: LLMEngine) -> EngineStats:
+    scheduler, pool, kv = engine.scheduler, engine.pool, engine.kv
+    return EngineStats(
+        num_running=len(scheduler.running),
+        num_waiting=len(scheduler.waiting),
+        num_steps=engine.num_steps,
+        num_blocks_total=pool.num_blocks,
+        num_blocks_free=pool.num_free,
+        num_blocks_used=pool.num_used,
+        block_size=kv.block_size,
+        prefix_cache_queries=kv.prefix_queries,
+        prefix_cache_hits=kv.prefix_hits,
+        num_preemptions=scheduler.num_preemptions,
+        prompt_tokens_total=engine.prompt_tokens_total,
+        generation_tokens_total=engine.generation_tokens_total,
+        num_requests_finished=engine.num_finished,
+        device_memory_bytes=_device_memory_bytes(),
+        live_requests=[_live(r) for r in list(scheduler.running) + list(scheduler.waiting)],
+    )
+
+
+def _live(request: Request) -> LiveRequestStats:
+    if request.status is RequestStatus.WAITING:
+        phase = "waiting"
+    else:
+        phase = "prefill" if request.num_computed_tokens < request.num_prompt_tokens else "decode"
+    ttft = None if request.first_token_s is None else request.first_token_s - request.arrival_s
+    rate = None
+    if request.first_token_s is not None and request.num_output_tokens > 1:
+        elapsed = time.monotonic() - request.first_token_s
+        rate = (request.num_output_tokens - 1) / elapsed if elapsed > 0 else None
+    return LiveRequestStats(
+        request.request_id,
+        phase,
+        request.num_prompt_tokens,
+        request.num_output_tokens,
+        request.num_cached_tokens,
+        ttft,
+        rate,
+    )
+
+
+def _device_memory_bytes() -> int:
+    try:
+        return int(mx.get_active_memory())
+    except AttributeError:
+        return 0

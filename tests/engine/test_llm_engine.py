@@ -1,0 +1,81 @@
+"""The engine on the real bundled model: output equals mlx-lm's own greedy decoding."""
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.messages import GenerateRequest
+
+from tests.engine.engine_helpers import chat_ids, greedy, reference_greedy, run_to_completion, token_ids
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Name three colours.",
+    "Write a haiku about the sea and the wind over the waves at night.",
+    "What is 2 + 2?",
+    "Tell me a fact about cats.",
+    "Explain in one sentence what a compiler does, and why programmers use one every day.",
+    "Hi",
+    "List the planets of the solar system in order from the sun, starting with Mercury.",
+]
+
+
+def _strip_eos(llm: LLMEngine, tokens: list[int]) -> list[int]:
+    return [t for t in tokens if t not in llm.eos_token_ids]
+
+
+def test_single_request_equals_mlx_lm_greedy_and_mentions_paris(llm):
+    prompt = chat_ids(llm, PROMPTS[0])
+    outputs = run_to_completion(llm, {0: [GenerateRequest("one", prompt, greedy(24))]})["one"]
+    assert _strip_eos(llm, token_ids(outputs)) == reference_greedy(llm, prompt, 24)
+    assert "Paris" in "".join(o.new_text for o in outputs)
+    assert outputs[-1].finish_reason in ("stop", "length")
+    # Cached prefix blocks sit in the free queue, so every block counts as free again.
+    assert llm.pool.num_free == llm.pool.num_blocks
+
+
+def test_staggered_batch_of_eight_equals_reference(llm):
+    prompts = [chat_ids(llm, p) for p in PROMPTS]
+    arrivals = {i * 3: [GenerateRequest(f"b{i}", p, greedy(20))] for i, p in enumerate(prompts)}
+    outputs = run_to_completion(llm, arrivals)
+    for i, prompt in enumerate(prompts):
+        assert _strip_eos(llm, token_ids(outputs[f"b{i}"])) == reference_greedy(llm, prompt, 20), PROMPTS[i]
+    assert llm.pool.num_free == llm.pool.num_blocks
+
+
+def test_prefix_cache_hit_gives_same_output_and_counts_hits(llm):
+    system = "You are a helpful assistant who answers briefly. " * 6
+    first = chat_ids(llm, system + "What is the capital of Italy?")
+    second = chat_ids(llm, system + "What is the capital of Spain?")
+    run_to_completion(llm, {0: [GenerateRequest("p1", first, greedy(8))]})
+    hits_before = llm.kv.prefix_hits
+    outputs = run_to_completion(llm, {0: [GenerateRequest("p2", second, greedy(16))]})["p2"]
+    assert outputs[-1].num_cached_tokens >= 48
+    assert llm.kv.prefix_hits - hits_before >= 48
+    assert _strip_eos(llm, token_ids(outputs)) == reference_greedy(llm, second, 16)
+
+
+def test_forced_preemption_keeps_greedy_output():
+    small = LLMEngine(
+        EngineConfig(
+            kv_cache_memory_bytes=14 * 737_280, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=128
+        )
+    )
+    prompts = [chat_ids(small, p) for p in PROMPTS[:6]]
+    outputs = run_to_completion(
+        small, {0: [GenerateRequest(f"q{i}", p, greedy(24)) for i, p in enumerate(prompts)]}
+    )
+    assert small.scheduler.num_preemptions > 0
+    for i, prompt in enumerate(prompts):
+        assert _strip_eos(small, token_ids(outputs[f"q{i}"])) == reference_greedy(small, prompt, 24)
+    assert small.pool.num_free == small.pool.num_blocks
+
+
+def test_abort_frees_blocks_at_once(llm):
+    prompt = chat_ids(llm, PROMPTS[5])
+    llm.add_request(GenerateRequest("gone", prompt, greedy(200)))
+    for _ in range(3):
+        llm.step()
+    assert llm.pool.num_used > 0
+    llm.abort_request("gone")
+    outputs = llm.step()
+    assert [o.finish_reason for o in outputs if o.request_id == "gone"] == ["abort"]
+    assert llm.pool.num_used == 0 and not llm.has_unfinished_requests()
