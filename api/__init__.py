@@ -1,0 +1,1 @@
+"""HTTP dialects: OpenAI schemas, converters to and from the engine's neutral types, SSE, errors."""

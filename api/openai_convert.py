@@ -1,0 +1,202 @@
+"""OpenAI requests -> the engine's neutral inputs: chat messages or prompts plus `SamplingParams`.
+
+Owns which OpenAI parameters are honoured: anything parsed but not honoured is answered with a 400
+naming the parameter, never dropped. The reverse direction lives in api/openai_outputs.py.
+No Ray, no MLX.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from engine.messages import SamplingParams
+
+from api.errors import invalid, model_not_found, unsupported
+from api.openai_schemas import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    EmbeddingRequest,
+    _SamplingFields,
+)
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+DEFAULT_MODEL_ALIAS = "default"
+
+
+def resolve_model(requested: str, model_name: str, served_model_name: str | None) -> str:
+    """Checks `model` and returns the name to echo in responses (the served alias if configured)."""
+    accepted = [DEFAULT_MODEL_ALIAS, model_name] + ([served_model_name] if served_model_name else [])
+    if requested not in accepted:
+        raise model_not_found(requested, accepted[1:])
+    return served_model_name or model_name
+
+
+# --- checks: parameters we parse but do not honour ---------------------------------------------
+
+
+def check_chat_supported(req: ChatCompletionRequest) -> None:
+    _check_common(req)
+    if req.tools:
+        raise unsupported("tools", "tool calling is not implemented")
+    if req.tool_choice not in (None, "none", "auto"):
+        raise unsupported(
+            "tool_choice", "tool calling is not implemented; only 'none' or 'auto' without tools"
+        )
+    for param in ("functions", "function_call", "audio", "prediction", "reasoning_effort", "verbosity"):
+        if getattr(req, param) is not None:
+            raise unsupported(param, "not implemented by this server")
+    if req.web_search_options is not None:
+        raise unsupported("web_search_options", "this server has no web search")
+    if req.modalities not in (None, ["text"]):
+        raise unsupported("modalities", "only ['text'] output is served")
+    if req.service_tier not in (None, "auto", "default"):
+        raise unsupported("service_tier", "this server has a single tier; use 'auto' or 'default'")
+    if req.store:
+        raise unsupported("store", "this server stores no completions")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise invalid("top_logprobs", "'top_logprobs' requires 'logprobs' to be true")
+    for i, message in enumerate(req.messages):
+        _check_message(i, message)
+
+
+def check_completion_supported(req: CompletionRequest) -> None:
+    _check_common(req)
+    if req.best_of not in (None, 1):
+        raise unsupported("best_of", "only best_of=1 is served")
+    if req.echo:
+        raise unsupported("echo", "echoing the prompt is not implemented")
+    if req.suffix:
+        raise unsupported("suffix", "insertion (suffix) is not implemented")
+
+
+def _check_common(req: _SamplingFields) -> None:
+    if req.n not in (None, 1):
+        raise unsupported("n", "only n=1 is served; send several requests instead")
+    if req.response_format is not None and req.response_format.get("type") != "text":
+        raise unsupported("response_format", "only {'type': 'text'} is served (no JSON mode or schemas)")
+    if req.stream_options is not None and not req.stream:
+        raise invalid("stream_options", "'stream_options' is only allowed when 'stream' is true")
+
+
+def _check_message(i: int, message: ChatMessage) -> None:
+    for param in ("tool_calls", "function_call", "audio"):
+        if getattr(message, param) is not None:
+            raise unsupported(f"messages[{i}].{param}", "tool calls and audio are not implemented")
+    if isinstance(message.content, list):
+        for j, part in enumerate(message.content):
+            if part.type != "text" or part.text is None:
+                raise unsupported(
+                    f"messages[{i}].content[{j}]", f"only text parts are served, not {part.type!r}"
+                )
+
+
+# --- prompts -----------------------------------------------------------------------------------
+
+
+def chat_messages(req: ChatCompletionRequest) -> list[dict[str, str]]:
+    """Messages as plain dicts for the chat template; `developer` is the newer name of `system`."""
+    return [_template_message(message) for message in req.messages]
+
+
+def _template_message(message: ChatMessage) -> dict[str, str]:
+    content = message.content
+    if isinstance(content, list):
+        content = "\n".join(part.text or "" for part in content)
+    out = {"role": "system" if message.role == "developer" else message.role, "content": content or ""}
+    if message.name is not None:
+        out["name"] = message.name
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    return out
+
+
+def add_generation_prompt(req: ChatCompletionRequest) -> bool:
+    return True if req.add_generation_prompt is None else req.add_generation_prompt
+
+
+def completion_prompts(req: CompletionRequest) -> list[str | list[int]]:
+    """One entry per choice: a string to encode, or token ids to use as they are."""
+    prompt = req.prompt
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise invalid("prompt", "'prompt' must not be an empty list")
+    if isinstance(prompt[0], int):
+        return [list(prompt)]  # type: ignore[arg-type]
+    for i, item in enumerate(prompt):
+        if isinstance(item, list) and not item:
+            raise invalid(f"prompt[{i}]", "a token-id prompt must not be empty")
+    return list(prompt)  # type: ignore[arg-type]
+
+
+def embedding_inputs(req: EmbeddingRequest) -> list[str] | list[list[int]]:
+    """Always a list: one entry per vector wanted."""
+    data = req.input
+    if isinstance(data, str):
+        return [data]
+    if not data:
+        raise invalid("input", "'input' must not be an empty list")
+    if isinstance(data[0], int):
+        return [list(data)]  # type: ignore[arg-type]
+    return list(data)  # type: ignore[arg-type]
+
+
+# --- sampling ----------------------------------------------------------------------------------
+
+
+def chat_sampling_params(req: ChatCompletionRequest) -> SamplingParams:
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    return _sampling_params(req, max_tokens, logprobs)
+
+
+def completion_sampling_params(req: CompletionRequest) -> SamplingParams:
+    max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
+    return _sampling_params(req, max_tokens, req.logprobs)
+
+
+def _sampling_params(req: _SamplingFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=max_tokens,
+        min_tokens=req.min_tokens or 0,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=None if req.top_k in (None, -1, 0) else req.top_k,
+        min_p=req.min_p or 0.0,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        logit_bias=_logit_bias(req.logit_bias),
+        seed=req.seed,
+        stop=_stop_list(req.stop),
+        stop_token_ids=list(req.stop_token_ids or []),
+        include_stop_str_in_output=bool(req.include_stop_str_in_output),
+        ignore_eos=bool(req.ignore_eos),
+        logprobs=logprobs,
+        skip_special_tokens=True if req.skip_special_tokens is None else req.skip_special_tokens,
+    )
+
+
+def _stop_list(stop: str | Sequence[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else list(stop)
+    if any(not s for s in stops):
+        raise invalid("stop", "stop strings must not be empty")
+    return stops
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for key, value in (bias or {}).items():
+        if not key.lstrip("-").isdigit() or int(key) < 0:
+            raise invalid("logit_bias", f"logit_bias keys are token ids; {key!r} is not one")
+        if not -100.0 <= value <= 100.0:
+            raise invalid("logit_bias", f"logit_bias values lie in [-100, 100]; got {value} for {key}")
+        out[int(key)] = value
+    return out
+
+
+def include_usage(req: _SamplingFields) -> bool:
+    return bool(req.stream and req.stream_options and req.stream_options.include_usage)

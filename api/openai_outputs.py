@@ -1,0 +1,263 @@
+"""Engine `RequestOutput` batches -> OpenAI chat.completion(.chunk) and text_completion objects.
+
+Owns per-choice accumulation (text, logprobs, finish reason, token counts) and usage. One engine
+request is one choice. A failed or aborted request becomes an `ApiError`, which the caller turns into
+an error response or an in-stream error event. No Ray, no MLX.
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from engine.messages import RequestOutput, TokenLogprob
+
+from api.errors import SERVER_ERROR, ApiError
+from api.openai_responses import (
+    ChatChoice,
+    ChatChoiceLogprobs,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatDelta,
+    ChatLogprob,
+    ChatMessageOut,
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    Embedding,
+    EmbeddingList,
+    EmbeddingUsage,
+    PromptTokensDetails,
+    TopLogprob,
+    Usage,
+)
+
+TokenText = Mapping[int, str]  # token id -> its text, for logprobs
+
+
+@dataclass(frozen=True)
+class ResponseMeta:
+    """What every object of one response shares."""
+
+    id: str
+    created: int
+    model: str
+
+    @classmethod
+    def new(cls, prefix: str, model: str) -> ResponseMeta:
+        return cls(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), model)
+
+
+@dataclass
+class Delta:
+    """What one batch added to a choice."""
+
+    text: str
+    logprobs: list[TokenLogprob] | None
+    finish_reason: str | None
+    text_offset: int  # length of the choice's text before this delta
+
+    @property
+    def empty(self) -> bool:
+        return not self.text and not self.logprobs and self.finish_reason is None
+
+
+@dataclass
+class ChoiceState:
+    """Accumulates one choice's batches; `num_prompt_tokens` may be preset to the prompt's length."""
+
+    index: int
+    num_prompt_tokens: int = 0
+    text: str = ""
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None
+    token_ids: list[int] = field(default_factory=list)
+
+    def add(self, batch: Iterable[RequestOutput]) -> Delta:
+        offset, parts, logprobs = len(self.text), [], []
+        for out in batch:
+            raise_if_failed(out)
+            parts.append(out.new_text)
+            self.token_ids.extend(out.new_token_ids)
+            logprobs.extend(out.logprobs or [])
+            self._count(out)
+            self.finish_reason = out.finish_reason or self.finish_reason
+        text = "".join(parts)
+        self.text += text
+        if logprobs:
+            self.logprobs = (self.logprobs or []) + logprobs
+        return Delta(text, logprobs or None, self.finish_reason, offset)
+
+    def _count(self, out: RequestOutput) -> None:
+        self.num_prompt_tokens = max(self.num_prompt_tokens, out.num_prompt_tokens)
+        self.num_cached_tokens = max(self.num_cached_tokens, out.num_cached_tokens)
+        self.num_output_tokens = max(self.num_output_tokens, out.num_output_tokens, len(self.token_ids))
+
+
+def raise_if_failed(out: RequestOutput) -> None:
+    if out.finish_reason == "error":
+        raise ApiError(
+            500, out.error or "the request failed in the engine", SERVER_ERROR, code="request_failed"
+        )
+    if out.finish_reason == "abort":
+        raise ApiError(500, "the engine aborted the request", SERVER_ERROR, code="request_aborted")
+
+
+def usage(states: Iterable[ChoiceState]) -> Usage:
+    states = list(states)
+    prompt = sum(s.num_prompt_tokens for s in states)
+    completion = sum(s.num_output_tokens for s in states)
+    cached = sum(s.num_cached_tokens for s in states)
+    return Usage(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+    )
+
+
+def logprob_token_ids(entries: Iterable[TokenLogprob] | None) -> set[int]:
+    """Every token id whose text a logprobs rendering needs."""
+    ids: set[int] = set()
+    for entry in entries or ():
+        ids.add(entry.token_id)
+        ids.update(token_id for token_id, _ in entry.top)
+    return ids
+
+
+# --- chat --------------------------------------------------------------------------------------
+
+
+def chat_completion(meta: ResponseMeta, states: list[ChoiceState], text: TokenText) -> ChatCompletion:
+    choices = [
+        ChatChoice(
+            index=s.index,
+            message=ChatMessageOut(content=s.text),
+            logprobs=_chat_logprobs(s.logprobs, text),
+            finish_reason=s.finish_reason,
+        )
+        for s in states
+    ]
+    return ChatCompletion(
+        id=meta.id, created=meta.created, model=meta.model, choices=choices, usage=usage(states)
+    )
+
+
+def chat_chunk(
+    meta: ResponseMeta, index: int, delta: Delta, first: bool, with_usage: bool, text: TokenText
+) -> ChatCompletionChunk | None:
+    """One chunk for one batch; None when the batch added nothing (text held back by the detokenizer)."""
+    if delta.empty and not first:
+        return None
+    choice = ChatChunkChoice(
+        index=index,
+        delta=ChatDelta(role="assistant", content=delta.text) if first else ChatDelta(content=delta.text),
+        logprobs=_chat_logprobs(delta.logprobs, text),
+        finish_reason=delta.finish_reason,
+    )
+    chunk = ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model, choices=[choice])
+    if with_usage:
+        chunk.usage = None  # marks the field set: OpenAI sends "usage": null on every chunk but the last
+    return chunk
+
+
+def chat_usage_chunk(meta: ResponseMeta, states: list[ChoiceState]) -> ChatCompletionChunk:
+    return ChatCompletionChunk(
+        id=meta.id, created=meta.created, model=meta.model, choices=[], usage=usage(states)
+    )
+
+
+def _chat_logprobs(entries: list[TokenLogprob] | None, text: TokenText) -> ChatChoiceLogprobs | None:
+    if entries is None:
+        return None
+    content = [
+        ChatLogprob(
+            token=text[e.token_id],
+            logprob=e.logprob,
+            bytes=list(text[e.token_id].encode()),
+            top_logprobs=[
+                TopLogprob(token=text[t], logprob=lp, bytes=list(text[t].encode())) for t, lp in e.top
+            ],
+        )
+        for e in entries
+    ]
+    return ChatChoiceLogprobs(content=content)
+
+
+# --- text completions --------------------------------------------------------------------------
+
+
+def completion(meta: ResponseMeta, states: list[ChoiceState], text: TokenText) -> Completion:
+    choices = [
+        CompletionChoice(
+            index=s.index,
+            text=s.text,
+            logprobs=_completion_logprobs(s.logprobs, text, 0),
+            finish_reason=s.finish_reason,
+        )
+        for s in states
+    ]
+    return Completion(
+        id=meta.id, created=meta.created, model=meta.model, choices=choices, usage=usage(states)
+    )
+
+
+def completion_chunk(
+    meta: ResponseMeta, index: int, delta: Delta, with_usage: bool, text: TokenText
+) -> Completion | None:
+    if delta.empty:
+        return None
+    choice = CompletionChoice(
+        index=index,
+        text=delta.text,
+        logprobs=_completion_logprobs(delta.logprobs, text, delta.text_offset),
+        finish_reason=delta.finish_reason,
+    )
+    chunk = Completion(id=meta.id, created=meta.created, model=meta.model, choices=[choice])
+    if with_usage:
+        chunk.usage = None
+    return chunk
+
+
+def completion_usage_chunk(meta: ResponseMeta, states: list[ChoiceState]) -> Completion:
+    return Completion(id=meta.id, created=meta.created, model=meta.model, choices=[], usage=usage(states))
+
+
+def _completion_logprobs(
+    entries: list[TokenLogprob] | None, text: TokenText, offset: int
+) -> CompletionLogprobs | None:
+    if entries is None:
+        return None
+    out = CompletionLogprobs()
+    for e in entries:
+        token = text[e.token_id]
+        out.tokens.append(token)
+        out.token_logprobs.append(e.logprob)
+        out.top_logprobs.append({text[t]: lp for t, lp in e.top})
+        out.text_offset.append(offset)
+        offset += len(token)
+    return out
+
+
+# --- embeddings --------------------------------------------------------------------------------
+
+
+def embedding_list(
+    model: str, vectors: list[list[float]], num_tokens: int, encoding_format: str | None
+) -> EmbeddingList:
+    data = [Embedding(index=i, embedding=_encode_vector(v, encoding_format)) for i, v in enumerate(vectors)]
+    usage = EmbeddingUsage(prompt_tokens=num_tokens, total_tokens=num_tokens)
+    return EmbeddingList(data=data, model=model, usage=usage)
+
+
+def _encode_vector(vector: list[float], encoding_format: str | None) -> list[float] | str:
+    if encoding_format == "base64":  # what the openai SDK asks for by default: little-endian float32
+        return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+    return vector

@@ -1,0 +1,118 @@
+"""OpenAI request bodies for /v1/chat/completions and /v1/completions, as strict pydantic models.
+
+Owns the wire names and types of every request parameter. Unknown fields are rejected (extra="forbid");
+fields that parse but are not honoured are rejected by api/openai_convert.py, so nothing is dropped
+silently. Nullable fields default to None and get their OpenAI defaults in the converter.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+class StreamOptions(_Strict):
+    include_usage: bool | None = None
+    include_obfuscation: bool | None = Field(
+        None, description="Accepted and ignored: this server never pads chunks with obfuscation fields."
+    )
+
+
+class ContentPart(_Strict):
+    """One part of a message's content; only `text` parts are honoured (checked in the converter)."""
+
+    type: str
+    text: str | None = None
+    image_url: dict[str, Any] | None = None
+    input_audio: dict[str, Any] | None = None
+    file: dict[str, Any] | None = None
+    refusal: str | None = None
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = Field(None, description="Passed to the chat template, which may ignore it.")
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    function_call: dict[str, Any] | None = None
+    refusal: str | None = None
+    audio: dict[str, Any] | None = None
+
+
+class _SamplingFields(_Strict):
+    """Parameters shared by chat and text completions, plus the vLLM-style extensions."""
+
+    model: str
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = Field(
+        None, description="Token id (as a string) -> bias in [-100, 100]."
+    )
+    max_tokens: int | None = Field(None, ge=1)
+    n: int | None = Field(None, ge=1, description="Only 1 is served.")
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    user: str | None = Field(None, description="Accepted and ignored (no per-user accounting).")
+    # Extensions beyond OpenAI, as vLLM names them.
+    top_k: int | None = Field(None, ge=-1, description="-1, 0 or null: off.")
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(None, gt=0.0)
+    min_tokens: int | None = Field(None, ge=0)
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    response_format: dict[str, Any] | None = Field(None, description="Only {'type': 'text'} is served.")
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = Field(None, description="Accepted; meaningless without tools.")
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+    audio: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    prediction: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    web_search_options: dict[str, Any] | None = None
+    service_tier: str | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = Field(None, description="Accepted and ignored (nothing is stored).")
+    prompt_cache_key: str | None = Field(
+        None, description="Accepted and ignored: prefix caching is automatic and shared."
+    )
+    safety_identifier: str | None = Field(None, description="Accepted and ignored, like `user`.")
+    # Extension: render the template without the assistant header (vLLM's name).
+    add_generation_prompt: bool | None = None
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = Field(None, ge=0, le=20)
+    best_of: int | None = Field(None, ge=1)
+    echo: bool | None = None
+    suffix: str | None = None
+
+
+class EmbeddingRequest(_Strict):
+    model: str
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = Field(None, description="Accepted and ignored (no per-user accounting).")

@@ -1,0 +1,38 @@
+"""Server-sent events framing for OpenAI streams: `data: {json}\\n\\n` frames ending in `data: [DONE]\\n\\n`.
+
+Owns the bytes on the wire and the streaming response that carries them; what goes in a frame is the
+converters' business.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+MEDIA_TYPE = "text/event-stream"
+DONE = "data: [DONE]\n\n"
+# Proxies (nginx) buffer text/event-stream unless told not to; clients must see each frame at once.
+HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def event(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+class EventStreamResponse(StreamingResponse):
+    """A text/event-stream response that calls `on_close` however it ends: finished, failed, or cut off
+    by a client that left before the first frame (when the frames' own cleanup never got to run)."""
+
+    def __init__(self, frames: AsyncIterator[str], on_close: Callable[[], None]):
+        super().__init__(frames, media_type=MEDIA_TYPE, headers=HEADERS)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()

@@ -1,0 +1,118 @@
+"""The one builder: validates the app's args (serve_config.yaml) and wires the deployments.
+
+Owns the Ray Serve options of every deployment and the reasons for their values; nothing else.
+`serve run serve_config.yaml` calls `build_app(args)`.
+
+Ray 2.60 defaults that bite, and what is set here instead:
+- `max_ongoing_requests` defaults to 5 per replica. On the Scheduler that would cap the engine's batch
+  at 5 running requests, so it must be >= `engine.max_num_seqs` (checked); on the Ingress every open
+  stream holds a slot for its whole life, so it is raised too.
+- `num_cpus` defaults to 1 per replica and replicas that do not fit stay PENDING forever. The
+  Ingress, Tokenizer and Embedder are mostly idle, so they reserve fractions of a core.
+- Ray sets OMP_NUM_THREADS to floor(num_cpus) (at least 1) in every worker that does not set it, so
+  the BLAS thread count must not be left to OMP_NUM_THREADS. engine/blas.py sets OPENBLAS_NUM_THREADS
+  (which OpenBLAS reads first) to its measured default, cpu_count - 1, before loading OpenBLAS;
+  `scheduler.num_threads` overrides both variables through the Scheduler's runtime_env, e.g. 1 when
+  two replicas share two cores.
+- Token auth is on by default for the local cluster `serve run` starts (it writes ~/.ray/auth_token).
+  Nothing is set for it: serving works without flags (the HTTP proxy checks no token); only the
+  dashboard-based CLI needs `RAY_AUTH_MODE=token`, e.g. `RAY_AUTH_MODE=token serve status`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.config import EngineConfig
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from ray.serve import Application
+
+from deployments.embedder import Embedder
+from deployments.ingress import Ingress
+from deployments.scheduler import Scheduler
+from deployments.tokenizer import Tokenizer
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DeploymentOptions(_Strict):
+    num_replicas: int = Field(1, ge=1, description="Replicas of this deployment.")
+    num_cpus: float = Field(0.25, ge=0, description="CPU reserved per replica (fractions allowed).")
+    max_ongoing_requests: int = Field(64, ge=1, description="Requests one replica serves at once.")
+
+    def actor_options(self, **extra: Any) -> dict[str, Any]:
+        return {
+            "num_replicas": self.num_replicas,
+            "max_ongoing_requests": self.max_ongoing_requests,
+            "ray_actor_options": {"num_cpus": self.num_cpus, **extra},
+        }
+
+
+class SchedulerOptions(DeploymentOptions):
+    num_cpus: float = Field(1.0, ge=0, description="CPU reserved per replica; the engine is the hot path.")
+    max_ongoing_requests: int = Field(
+        128,
+        ge=1,
+        description="Open streams per replica; beyond max_num_seqs they wait in the engine's queue.",
+    )
+    num_threads: int | None = Field(
+        None, ge=1, description="BLAS threads per replica; default: engine/blas.py's cpu_count - 1."
+    )
+
+    def runtime_env(self) -> dict[str, Any]:
+        if self.num_threads is None:
+            return {}
+        threads = str(self.num_threads)
+        return {"env_vars": {"OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}}
+
+    def actor_options(self, **extra: Any) -> dict[str, Any]:
+        env = self.runtime_env()
+        return super().actor_options(**extra, **({"runtime_env": env} if env else {}))
+
+
+class IngressOptions(DeploymentOptions):
+    max_ongoing_requests: int = Field(256, ge=1, description="Open HTTP requests (streams) per replica.")
+
+
+class EmbedderOptions(DeploymentOptions):
+    enabled: bool = Field(True, description="Serve /v1/embeddings (loads a second, small model).")
+    model: str | None = Field(None, description="Embedding model; None: the bundled all-MiniLM-L6-v2.")
+    max_ongoing_requests: int = Field(16, ge=1, description="Requests one replica serves at once.")
+
+
+class AppConfig(_Strict):
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    stream_interval_s: float = Field(
+        0.02, ge=0, le=1, description="Least time between two batches of one stream; 0: a batch per step."
+    )
+    scheduler: SchedulerOptions = Field(default_factory=SchedulerOptions)
+    tokenizer: DeploymentOptions = Field(default_factory=DeploymentOptions)
+    embedder: EmbedderOptions = Field(default_factory=EmbedderOptions)
+    ingress: IngressOptions = Field(default_factory=IngressOptions)
+
+    @model_validator(mode="after")
+    def _check_scheduler_slots(self) -> AppConfig:
+        if self.scheduler.max_ongoing_requests < self.engine.max_num_seqs:
+            raise ValueError(
+                f"scheduler.max_ongoing_requests {self.scheduler.max_ongoing_requests} is below "
+                f"engine.max_num_seqs {self.engine.max_num_seqs}, so Ray Serve would cap the batch; "
+                "raise it or lower max_num_seqs"
+            )
+        return self
+
+
+def build_app(args: dict[str, Any]) -> Application:
+    config = AppConfig.model_validate(args or {})
+    engine_args = config.engine.model_dump()
+    scheduler = Scheduler.options(**config.scheduler.actor_options()).bind(
+        engine_args, config.stream_interval_s
+    )
+    tokenizer = Tokenizer.options(**config.tokenizer.actor_options()).bind(engine_args)
+    embedder = None
+    if config.embedder.enabled:
+        embedder = Embedder.options(**config.embedder.actor_options()).bind(config.embedder.model)
+    ingress = Ingress.options(**config.ingress.actor_options())
+    return ingress.bind(scheduler, tokenizer, embedder, config.engine.served_model_name)

@@ -1,0 +1,112 @@
+"""Drives the Scheduler streams of one HTTP request, for the Ingress.
+
+Owns the streaming handle calls: starts one per choice, surfaces a rejection before any byte goes out,
+merges several choices' streams, and cancels whatever is still running when the caller goes away
+(the Scheduler then aborts the request and frees its blocks). Converts nothing to JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+from engine.errors import EngineError
+from engine.messages import GenerateRequest, RequestOutput
+
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+
+from api.errors import ApiError, from_engine_error, internal_error
+
+logger = logging.getLogger(__name__)
+
+Batch = list[RequestOutput]
+
+
+class Generation:
+    """One Scheduler stream per request; `start()` once, then iterate `batches()` once."""
+
+    def __init__(self, scheduler: DeploymentHandle, requests: list[GenerateRequest], prompt_param: str):
+        streaming = scheduler.options(stream=True)
+        self._streams: list[DeploymentResponseGenerator] = [streaming.generate.remote(r) for r in requests]
+        self._done = [False] * len(requests)
+        self._firsts: list[Batch] = []
+        self._prompt_param = prompt_param
+
+    async def start(self) -> None:
+        """Waits for every first batch, so that a rejected request is still a clean 4xx/5xx response."""
+        try:
+            items = await asyncio.gather(*(self._next(i) for i in range(len(self._streams))))
+        except BaseException:
+            self.cancel()
+            raise
+        for item in items:
+            if isinstance(item, EngineError):
+                self.cancel()
+                raise from_engine_error(item, self._prompt_param)
+        self._firsts = list(items)  # type: ignore[arg-type]
+
+    async def batches(self) -> AsyncIterator[tuple[int, Batch]]:
+        """(choice index, batch) until every stream has finished; cancels the rest on exit."""
+        try:
+            for index, batch in enumerate(self._firsts):
+                yield index, batch
+            if len(self._streams) == 1:
+                while (batch := await self._next(0)) is not None:
+                    yield 0, batch  # type: ignore[misc]
+            else:
+                async for index, batch in self._merged():
+                    yield index, batch
+        finally:
+            self.cancel()
+
+    async def _merged(self) -> AsyncIterator[tuple[int, Batch]]:
+        queue: asyncio.Queue[tuple[int, Batch | BaseException | None]] = asyncio.Queue()
+        tasks = [asyncio.ensure_future(self._pump(i, queue)) for i in range(len(self._streams))]
+        try:
+            num_open = sum(not done for done in self._done)
+            while num_open:
+                index, item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if item is None:
+                    num_open -= 1
+                else:
+                    yield index, item
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def _pump(self, index: int, queue: asyncio.Queue) -> None:
+        if self._done[index]:
+            return
+        try:
+            while (batch := await self._next(index)) is not None:
+                queue.put_nowait((index, batch))
+        except Exception as exc:  # noqa: BLE001  (re-raised by the consumer in _merged)
+            queue.put_nowait((index, exc))
+        queue.put_nowait((index, None))
+
+    async def _next(self, index: int) -> Batch | EngineError | None:
+        """The stream's next item, or None once it has finished."""
+        try:
+            item = await self._streams[index].__anext__()
+        except StopAsyncIteration:
+            self._done[index] = True
+            return None
+        except (ApiError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            self._done[index] = True
+            logger.exception("Scheduler stream %d failed", index)
+            message = f"the scheduler failed: {type(exc).__name__}: {exc}"
+            raise internal_error(message, "scheduler_failed") from exc
+        if isinstance(item, list) and item and item[-1].finished:
+            self._done[index] = True
+        return item
+
+    def cancel(self) -> None:
+        for index, stream in enumerate(self._streams):
+            if not self._done[index]:
+                self._done[index] = True
+                stream.cancel()

@@ -1,0 +1,209 @@
+"""Ingress deployment: the OpenAI-compatible HTTP routes, holding only deployment handles.
+
+Owns the order of work per request (parse, check model and params, tokenize, generate, convert);
+api/ owns every wire format, the Scheduler owns generation. No MLX here.
+
+No `from __future__ import annotations` here: @serve.ingress pickles the routes by value, string
+annotations lose their globals, and FastAPI then took `request: Request` for a query parameter.
+"""
+
+from contextlib import aclosing
+from typing import Any
+
+from engine.errors import EngineError
+from engine.messages import GenerateRequest, SamplingParams
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from api import sse
+from api.body import parse_body
+from api.errors import ApiError, from_engine_error, install_error_handlers, model_not_found
+from api.openai_convert import (
+    add_generation_prompt,
+    chat_messages,
+    chat_sampling_params,
+    check_chat_supported,
+    check_completion_supported,
+    completion_prompts,
+    completion_sampling_params,
+    embedding_inputs,
+    include_usage,
+    resolve_model,
+)
+from api.openai_outputs import (
+    ChoiceState,
+    Delta,
+    ResponseMeta,
+    TokenText,
+    chat_chunk,
+    chat_completion,
+    chat_usage_chunk,
+    completion,
+    completion_chunk,
+    completion_usage_chunk,
+    embedding_list,
+    logprob_token_ids,
+)
+from api.openai_responses import ModelCard, ModelList
+from api.openai_schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from api.openai_stream import sse_frames
+from api.status import status_body
+from deployments.generation import Generation
+from deployments.messages import ModelInfo, ReplicaStats
+
+_STATUS_TIMEOUT_S = 10.0
+
+app = FastAPI(title="mlx-ray-serve", docs_url=None, redoc_url=None)
+install_error_handlers(app)
+
+
+# Helpers sit above the class: @serve.ingress freezes the FastAPI app (cloudpickle) when it decorates
+# the class, and a name defined below it is missing from the frozen routes' globals (NameError).
+async def _collect(generation: Generation, states: list[ChoiceState]) -> None:
+    async with aclosing(generation.batches()) as batches:
+        async for index, batch in batches:
+            states[index].add(batch)
+
+
+@serve.deployment
+@serve.ingress(app)
+class Ingress:
+    def __init__(
+        self,
+        scheduler: DeploymentHandle,
+        tokenizer: DeploymentHandle,
+        embedder: DeploymentHandle | None,
+        served_model_name: str | None,
+    ):
+        self._scheduler = scheduler
+        self._tokenizer = tokenizer
+        self._embedder = embedder
+        self._served_model_name = served_model_name
+        self._info: ModelInfo | None = None
+        self._embedding_model: str | None = None
+
+    @app.get("/health")
+    async def health(self) -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models(self) -> dict[str, Any]:
+        info = await self._model_info()
+        cards = [
+            ModelCard(
+                id=self._model_id(info), created=0, root=info.model_name, max_model_len=info.max_model_len
+            )
+        ]
+        return ModelList(data=cards).dump()
+
+    @app.get("/v1/status")
+    async def status(self) -> dict[str, Any]:
+        """Stats of every Scheduler replica: `broadcast` calls each running replica once (a plain
+        handle call reaches one replica only), and the totals add them up."""
+        response = self._scheduler.broadcast("stats")
+        results = await response.results_async(timeout_s=_STATUS_TIMEOUT_S, return_exceptions=True)
+        replicas = [(r.replica_id, r.stats) for r in results if isinstance(r, ReplicaStats)]
+        errors = [f"{type(r).__name__}: {r}" for r in results if not isinstance(r, ReplicaStats)]
+        return status_body(self._model_id(await self._model_info()), replicas, errors)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request) -> Response:
+        req = await parse_body(request, ChatCompletionRequest)
+        model = await self._resolve_model(req.model)
+        check_chat_supported(req)
+        params = chat_sampling_params(req)
+        prompt_ids = await self._tokenizer.chat_prompt_ids.remote(
+            chat_messages(req), add_generation_prompt(req)
+        )
+        if isinstance(prompt_ids, EngineError):
+            raise from_engine_error(prompt_ids, "messages")
+        meta = ResponseMeta.new("chatcmpl", model)
+        generation, states = await self._generate(meta, [prompt_ids], params, "messages")
+        if not req.stream:
+            await _collect(generation, states)
+            return JSONResponse(chat_completion(meta, states, await self._token_texts(states)).dump())
+
+        def chunk(index: int, delta: Delta, first: bool, text: TokenText):
+            return chat_chunk(meta, index, delta, first, include_usage(req), text)
+
+        usage_chunk = (lambda: chat_usage_chunk(meta, states)) if include_usage(req) else None
+        frames = sse_frames(generation.batches(), states, chunk, usage_chunk, self._texts_for)
+        return sse.EventStreamResponse(frames, on_close=generation.cancel)
+
+    @app.post("/v1/completions")
+    async def completions(self, request: Request) -> Response:
+        req = await parse_body(request, CompletionRequest)
+        model = await self._resolve_model(req.model)
+        check_completion_supported(req)
+        params = completion_sampling_params(req)
+        prompts = completion_prompts(req)
+        texts = [p for p in prompts if isinstance(p, str)]
+        encoded = iter(await self._tokenizer.encode.remote(texts) if texts else [])
+        prompt_ids = [next(encoded) if isinstance(p, str) else p for p in prompts]
+        meta = ResponseMeta.new("cmpl", model)
+        generation, states = await self._generate(meta, prompt_ids, params, "prompt")
+        if not req.stream:
+            await _collect(generation, states)
+            return JSONResponse(completion(meta, states, await self._token_texts(states)).dump())
+
+        def chunk(index: int, delta: Delta, first: bool, text: TokenText):
+            return completion_chunk(meta, index, delta, include_usage(req), text)
+
+        usage_chunk = (lambda: completion_usage_chunk(meta, states)) if include_usage(req) else None
+        frames = sse_frames(generation.batches(), states, chunk, usage_chunk, self._texts_for)
+        return sse.EventStreamResponse(frames, on_close=generation.cancel)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(self, request: Request) -> Response:
+        req = await parse_body(request, EmbeddingRequest)
+        if self._embedder is None:
+            raise ApiError(
+                404, "embeddings are not enabled on this server", param="model", code="model_not_found"
+            )
+        if self._embedding_model is None:
+            self._embedding_model = await self._embedder.model_name.remote()
+        if req.model not in ("default", self._embedding_model):
+            raise model_not_found(req.model, [self._embedding_model])
+        result = await self._embedder.embed.remote(embedding_inputs(req), req.dimensions)
+        if isinstance(result, EngineError):
+            raise from_engine_error(result, "input")
+        vectors, num_tokens = result
+        return JSONResponse(
+            embedding_list(self._embedding_model, vectors, num_tokens, req.encoding_format).dump()
+        )
+
+    # --- helpers ---------------------------------------------------------------------------------
+
+    async def _model_info(self) -> ModelInfo:
+        if self._info is None:
+            self._info = await self._scheduler.model_info.remote()
+        return self._info
+
+    def _model_id(self, info: ModelInfo) -> str:
+        return self._served_model_name or info.model_name
+
+    async def _resolve_model(self, requested: str) -> str:
+        info = await self._model_info()
+        return resolve_model(requested, info.model_name, self._served_model_name)
+
+    async def _generate(
+        self, meta: ResponseMeta, prompts: list[list[int]], params: SamplingParams, prompt_param: str
+    ) -> tuple[Generation, list[ChoiceState]]:
+        """Starts one engine request per choice; raises the ApiError of a rejected one."""
+        ids = [meta.id] if len(prompts) == 1 else [f"{meta.id}-{i}" for i in range(len(prompts))]
+        requests = [GenerateRequest(rid, ids_, params) for rid, ids_ in zip(ids, prompts)]
+        generation = Generation(self._scheduler, requests, prompt_param)
+        await generation.start()
+        return generation, [ChoiceState(i, num_prompt_tokens=len(p)) for i, p in enumerate(prompts)]
+
+    async def _token_texts(self, states: list[ChoiceState]) -> TokenText:
+        ids = set().union(*(logprob_token_ids(s.logprobs) for s in states))
+        return await self._texts_for(ids)
+
+    async def _texts_for(self, ids: set[int]) -> TokenText:
+        if not ids:
+            return {}
+        return await self._tokenizer.token_texts.remote(sorted(ids))

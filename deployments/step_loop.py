@@ -1,0 +1,120 @@
+"""The asyncio side of one engine: a background loop that steps it and per-request output queues.
+
+Owns the single stepping thread, the wake-up event and the queues; every scheduling decision is the
+engine's. Needs no Ray, so it is tested with a fake engine; deployments/scheduler.py wraps it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+from engine.errors import EngineError
+from engine.messages import EngineStats, GenerateRequest, RequestOutput
+
+logger = logging.getLogger(__name__)
+
+STEP_FAILURE_BACKOFF_S = 0.5  # a step that raises is retried after this, not in a hot loop
+
+
+class SteppableEngine(Protocol):
+    def add_request(self, request: GenerateRequest) -> None: ...
+    def abort_request(self, request_id: str) -> None: ...
+    def step(self) -> list[RequestOutput]: ...
+    def has_unfinished_requests(self) -> bool: ...
+    def stats(self) -> EngineStats: ...
+
+
+class StepLoop:
+    def __init__(self, engine: SteppableEngine | Any, stream_interval_s: float):
+        self._engine = engine
+        self._stream_interval_s = stream_interval_s
+        # engine.step blocks in mx.eval: it runs off the event loop, in this one thread, never twice at once.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-step")
+        self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[list[RequestOutput] | EngineError]:
+        """Yields the request's outputs in batches, the last one finished.
+
+        If add_request rejects the request, the one item is the `EngineError` (a value, not a raise:
+        the caller maps it to a 4xx/5xx, and the replica logs no traceback for a bad request).
+        Closing or cancelling the generator before the final output aborts the request in the engine.
+        """
+        request_id = request.request_id
+        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self._queues[request_id] = queue
+        try:
+            self._engine.add_request(request)
+        except EngineError as exc:
+            del self._queues[request_id]
+            yield exc
+            return
+        self._ensure_running()
+        self._wake.set()
+        finished, last_yield_s = False, 0.0
+        try:
+            while not finished:
+                batch = await self._next_batch(queue, last_yield_s)
+                finished = batch[-1].finished
+                last_yield_s = time.monotonic()
+                yield batch
+        finally:
+            self._queues.pop(request_id, None)
+            if not finished:  # the caller went away (client disconnect) or cancelled the stream
+                self._engine.abort_request(request_id)
+                self._wake.set()
+
+    async def _next_batch(
+        self, queue: asyncio.Queue[RequestOutput], last_yield_s: float
+    ) -> list[RequestOutput]:
+        """Everything queued for one request. Batches go out at most once per stream interval: when
+        steps are faster than that, several steps coalesce; when slower, each step is one batch."""
+        batch = [await queue.get()]
+        delay_s = self._stream_interval_s - (time.monotonic() - last_yield_s)
+        if not batch[0].finished and delay_s > 0:
+            await asyncio.sleep(delay_s)
+        while not queue.empty() and not batch[-1].finished:
+            batch.append(queue.get_nowait())
+        return batch
+
+    async def stats(self) -> EngineStats:
+        # Through the step thread: a snapshot is never taken halfway through a step.
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._engine.stats)
+
+    def _ensure_running(self) -> None:
+        if self._loop_task is None or self._loop_task.done():
+            self._loop_task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        """Steps while there is work; sleeps on `_wake` when idle (no spinning)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._engine.has_unfinished_requests():
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            try:
+                outputs = await loop.run_in_executor(self._executor, self._engine.step)
+            except Exception:
+                logger.exception("engine step failed; failing the requests in flight")
+                self._fail_all("engine step failed; see the Scheduler replica's log")
+                await asyncio.sleep(STEP_FAILURE_BACKOFF_S)
+                continue
+            self._route(outputs)
+
+    def _route(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            queue = self._queues.get(out.request_id)
+            if queue is not None:  # None: the caller left; its abort output has no reader
+                queue.put_nowait(out)
+
+    def _fail_all(self, message: str) -> None:
+        for request_id, queue in list(self._queues.items()):
+            queue.put_nowait(RequestOutput(request_id, [], "", finish_reason="error", error=message))
+            self._engine.abort_request(request_id)

@@ -1,0 +1,55 @@
+"""Tokenizer deployment: the served model's tokenizer alone (no weights), for the Ingress.
+
+Owns chat templating, prompt encoding, token counting and token texts for logprobs. A request the
+template or tokenizer cannot take comes back as an `InvalidRequestError` value, not a raise.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.errors import InvalidRequestError
+
+from jinja2 import TemplateError
+from ray import serve
+
+logger = logging.getLogger(__name__)
+
+
+@serve.deployment
+class Tokenizer:
+    def __init__(self, engine_config: dict[str, Any]):
+        # Imported here, not at the top: only this replica's process needs MLX and the model code.
+        from engine.model_loader import load_tokenizer
+
+        self._tokenizer = load_tokenizer(EngineConfig.model_validate(engine_config))
+
+    async def chat_prompt_ids(
+        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> list[int] | InvalidRequestError:
+        """Renders the chat template and encodes it; the template adds any BOS it wants."""
+        if not getattr(self._tokenizer, "has_chat_template", True):
+            return InvalidRequestError("this model has no chat template; use /v1/completions", "messages")
+        try:
+            text = self._tokenizer.apply_chat_template(
+                messages, add_generation_prompt=add_generation_prompt, tokenize=False
+            )
+        except (TemplateError, ValueError) as exc:  # templates raise on messages they refuse (role order)
+            return InvalidRequestError(f"the chat template rejected the messages: {exc}", "messages")
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    async def encode(self, texts: list[str]) -> list[list[int]]:
+        """Plain prompts -> token ids, with the tokenizer's own special tokens (BOS if it adds one)."""
+        return [list(self._tokenizer.encode(text)) for text in texts]
+
+    async def count_tokens(self, texts: list[str]) -> int:
+        return sum(len(ids) for ids in await self.encode(texts))
+
+    async def token_texts(self, token_ids: list[int]) -> dict[int, str]:
+        """Each id's own text (as a client sees it in logprobs): decoded alone, specials kept."""
+        return {i: self._tokenizer.decode([i], skip_special_tokens=False) for i in token_ids}
+
+    async def eos_token_ids(self) -> list[int]:
+        return sorted(self._tokenizer.eos_token_ids)

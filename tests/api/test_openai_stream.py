@@ -1,0 +1,118 @@
+"""SSE stream shape: a chunk per batch, the usage chunk, [DONE]; failures mid-stream become error events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from engine.messages import RequestOutput
+
+import pytest
+from starlette.requests import ClientDisconnect
+
+from api.errors import ApiError
+from api.openai_outputs import ChoiceState, ResponseMeta, chat_chunk, chat_usage_chunk
+from api.openai_stream import sse_frames
+from api.sse import EventStreamResponse
+
+META = ResponseMeta("chatcmpl-1", 1, "smol")
+
+
+async def no_texts(ids: set[int]) -> dict[int, str]:
+    return {}
+
+
+def frames(batches, with_usage: bool = False) -> list[str]:
+    states = [ChoiceState(0, num_prompt_tokens=2)]
+
+    def chunk(index, delta, first, text):
+        return chat_chunk(META, index, delta, first, with_usage, text)
+
+    usage = (lambda: chat_usage_chunk(META, states)) if with_usage else None
+
+    async def run():
+        return [frame async for frame in sse_frames(batches, states, chunk, usage, no_texts)]
+
+    return asyncio.run(run())
+
+
+def payloads(sse_frames_: list[str]) -> list:
+    assert all(f.startswith("data: ") and f.endswith("\n\n") for f in sse_frames_)
+    return [f[len("data: ") : -2] for f in sse_frames_]
+
+
+async def two_batches():
+    yield 0, [RequestOutput("r", [1], "Hi")]
+    yield 0, [RequestOutput("r", [2], "!", finish_reason="stop", num_output_tokens=2)]
+
+
+def test_a_chunk_per_batch_then_done():
+    data = payloads(frames(two_batches()))
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert [c["choices"][0]["delta"].get("content") for c in chunks] == ["Hi", "!"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_usage_chunk_comes_last_before_done():
+    data = payloads(frames(two_batches(), with_usage=True))
+    usage = json.loads(data[-2])
+    assert usage["choices"] == [] and usage["usage"]["total_tokens"] == 4 and data[-1] == "[DONE]"
+
+
+def test_failure_mid_stream_is_an_error_event_then_done():
+    closed = []
+
+    async def failing():
+        try:
+            yield 0, [RequestOutput("r", [1], "Hi")]
+            raise ApiError(500, "the scheduler failed", "server_error", code="scheduler_failed")
+        finally:
+            closed.append(True)
+
+    data = payloads(frames(failing()))
+    assert json.loads(data[0])["choices"][0]["delta"]["content"] == "Hi"
+    assert json.loads(data[1])["error"]["code"] == "scheduler_failed"
+    assert data[2] == "[DONE]" and closed == [True]
+
+
+def test_failed_request_output_is_an_error_event():
+    async def failed():
+        yield 0, [RequestOutput("r", [], "", finish_reason="error", error="sampler blew up")]
+
+    data = payloads(frames(failed()))
+    error = json.loads(data[0])["error"]
+    assert error["code"] == "request_failed" and "sampler blew up" in error["message"] and data[1] == "[DONE]"
+
+
+def test_unexpected_exception_is_a_server_error_event():
+    async def broken():
+        yield 0, [RequestOutput("r", [1], "Hi")]
+        raise RuntimeError("kaput")
+
+    data = payloads(frames(broken()))
+    assert json.loads(data[1])["error"]["type"] == "server_error" and data[2] == "[DONE]"
+
+
+def test_event_stream_response_closes_even_if_the_client_left_before_the_first_frame():
+    started, closed = [], []
+
+    async def never_started():
+        started.append(True)
+        yield "data: x\n\n"
+
+    async def gone(message):  # the client hung up: the first send fails
+        raise OSError("connection reset")
+
+    async def receive():
+        return {"type": "http.disconnect"}
+
+    async def run():
+        response = EventStreamResponse(never_started(), on_close=lambda: closed.append(True))
+        scope = {"type": "http", "asgi": {"spec_version": "2.4"}, "method": "POST", "path": "/"}
+        with pytest.raises((OSError, ClientDisconnect)):  # Starlette reports a failed send as a disconnect
+            await response(scope, receive, gone)
+
+    asyncio.run(run())
+    assert closed == [True] and started == []
+    assert EventStreamResponse(two_batches(), on_close=lambda: None).media_type == "text/event-stream"

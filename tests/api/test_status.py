@@ -1,0 +1,33 @@
+"""The /v1/status totals add every replica's counters up."""
+
+from __future__ import annotations
+
+from engine.messages import EngineStats, LiveRequestStats
+
+from api.status import status_body, total_stats
+
+
+def live(request_id: str) -> LiveRequestStats:
+    return LiveRequestStats(request_id, "decode", 3, 2, 0, 0.1, 20.0)
+
+
+def test_totals_add_counters_and_keep_block_size():
+    a = EngineStats(
+        num_running=2, num_blocks_total=100, num_blocks_used=10, block_size=16, live_requests=[live("a")]
+    )
+    b = EngineStats(
+        num_running=1, num_blocks_total=100, num_blocks_used=5, block_size=16, live_requests=[live("b")]
+    )
+    total = total_stats([a, b])
+    assert (total.num_running, total.num_blocks_total, total.num_blocks_used) == (3, 200, 15)
+    assert total.block_size == 16
+    assert [r.request_id for r in total.live_requests] == ["a", "b"]
+
+
+def test_status_body_lists_replicas_and_errors():
+    body = status_body(
+        "smol", [("r2", EngineStats(num_waiting=1)), ("r1", EngineStats(num_waiting=2))], ["dead"]
+    )
+    assert body["num_replicas"] == 2 and body["total"]["num_waiting"] == 3
+    assert [r["replica_id"] for r in body["replicas"]] == ["r1", "r2"]
+    assert body["errors"] == ["dead"]

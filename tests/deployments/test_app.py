@@ -1,0 +1,56 @@
+"""The builder's config: serve_config.yaml validates, and the Ray Serve defaults that bite are overridden."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from deployments.app import AppConfig
+
+SERVE_CONFIG = Path(__file__).resolve().parents[2] / "serve_config.yaml"
+
+
+def test_serve_config_yaml_names_the_builder_and_validates():
+    config = yaml.safe_load(SERVE_CONFIG.read_text())
+    (application,) = config["applications"]
+    assert application["import_path"] == "deployments.app:build_app"
+    assert config["http_options"] == {"host": "127.0.0.1", "port": 8000}
+    app_config = AppConfig.model_validate(application["args"])
+    total_cpus = sum(
+        options.num_cpus * options.num_replicas
+        for options in (app_config.scheduler, app_config.tokenizer, app_config.embedder, app_config.ingress)
+    )
+    assert total_cpus <= 2, "the shipped config must fit a 2-core machine, or replicas stay PENDING"
+
+
+def test_defaults_raise_ray_serves_max_ongoing_requests_of_5():
+    config = AppConfig()
+    assert config.scheduler.max_ongoing_requests >= config.engine.max_num_seqs
+    assert config.ingress.max_ongoing_requests > 5
+    assert config.ingress.num_cpus < 1 and config.tokenizer.num_cpus < 1
+
+
+def test_scheduler_slots_below_the_batch_size_are_refused():
+    with pytest.raises(ValidationError, match="max_ongoing_requests 8 is below engine.max_num_seqs 64"):
+        AppConfig.model_validate({"scheduler": {"max_ongoing_requests": 8}})
+
+
+def test_unknown_keys_are_refused():
+    with pytest.raises(ValidationError, match="schedular"):
+        AppConfig.model_validate({"schedular": {}})
+    with pytest.raises(ValidationError, match="max_num_seq"):
+        AppConfig.model_validate({"engine": {"max_num_seq": 4}})
+
+
+def test_actor_options_carry_fractional_cpus():
+    options = AppConfig.model_validate({"tokenizer": {"num_cpus": 0.1}}).tokenizer.actor_options()
+    assert options == {"num_replicas": 1, "max_ongoing_requests": 64, "ray_actor_options": {"num_cpus": 0.1}}
+
+
+def test_num_threads_reaches_the_scheduler_env_only_when_set():
+    assert AppConfig().scheduler.runtime_env() == {}
+    env = AppConfig.model_validate({"scheduler": {"num_threads": 1}}).scheduler.runtime_env()["env_vars"]
+    assert env == {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}

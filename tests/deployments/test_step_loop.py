@@ -1,0 +1,176 @@
+"""The step loop around an engine, driven by a fake engine (pure logic; the real one runs in tests/e2e)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from engine.errors import ContextLengthExceededError
+from engine.messages import EngineStats, GenerateRequest, RequestOutput, SamplingParams
+
+import pytest
+
+from deployments.step_loop import StepLoop
+
+
+class FakeEngine:
+    """Emits one token per running request per step; `step_s` makes steps take wall time."""
+
+    def __init__(self, step_s: float = 0.0, fail_steps: int = 0):
+        self.step_s = step_s
+        self.fail_steps = fail_steps
+        self.remaining: dict[str, int] = {}
+        self.aborted: list[str] = []
+        self.num_steps = 0
+        self.step_threads: set[str] = set()
+        self._lock = threading.Lock()
+
+    def add_request(self, request: GenerateRequest) -> None:
+        if len(request.prompt_token_ids) > 8:
+            raise ContextLengthExceededError("prompt too long", param="prompt")
+        with self._lock:
+            self.remaining[request.request_id] = request.params.max_tokens or 1
+
+    def abort_request(self, request_id: str) -> None:
+        with self._lock:
+            if request_id in self.remaining:
+                self.aborted.append(request_id)
+                self.remaining[request_id] = -1  # finished with "abort" at the next step
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.remaining)
+
+    def step(self) -> list[RequestOutput]:
+        self.step_threads.add(threading.current_thread().name)
+        time.sleep(self.step_s)
+        self.num_steps += 1
+        if self.fail_steps:
+            self.fail_steps -= 1
+            raise RuntimeError("step exploded")
+        with self._lock:
+            return [self._advance(rid) for rid in list(self.remaining)]
+
+    def _advance(self, request_id: str) -> RequestOutput:
+        left = self.remaining[request_id]
+        if left < 0:
+            del self.remaining[request_id]
+            return RequestOutput(request_id, [], "", finish_reason="abort")
+        self.remaining[request_id] = left - 1
+        finish = "length" if left == 1 else None
+        if finish:
+            del self.remaining[request_id]
+        return RequestOutput(request_id, [left], f"<{left}>", finish_reason=finish)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(num_running=len(self.remaining), num_steps=self.num_steps)
+
+
+def request(request_id: str, max_tokens: int, prompt_len: int = 3) -> GenerateRequest:
+    return GenerateRequest(request_id, list(range(prompt_len)), SamplingParams(max_tokens=max_tokens))
+
+
+async def collect(loop: StepLoop, req: GenerateRequest) -> list:
+    return [item async for item in loop.generate(req)]
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, timeout=10))
+
+
+def test_streams_every_token_in_order_and_ends_with_the_finish():
+    engine = FakeEngine()
+    items = run(collect(StepLoop(engine, 0.0), request("a", 4)))
+    outputs = [out for batch in items for out in batch]
+    assert "".join(o.new_text for o in outputs) == "<4><3><2><1>"
+    assert outputs[-1].finish_reason == "length" and all(not o.finished for o in outputs[:-1])
+
+
+def test_fast_steps_coalesce_into_few_batches():
+    engine = FakeEngine(step_s=0.002)
+    items = run(collect(StepLoop(engine, 0.05), request("a", 40)))
+    assert sum(len(batch) for batch in items) == 40
+    assert len(items) < 20  # ~80 ms of steps at one batch per 50 ms, not 40 actor messages
+
+
+def test_concurrent_requests_get_only_their_own_outputs():
+    async def main():
+        loop = StepLoop(FakeEngine(step_s=0.001), 0.0)
+        return await asyncio.gather(*(collect(loop, request(f"r{i}", i + 1)) for i in range(8)))
+
+    for i, items in enumerate(run(main())):
+        outputs = [out for batch in items for out in batch]
+        assert {o.request_id for o in outputs} == {f"r{i}"} and len(outputs) == i + 1
+
+
+def test_rejected_request_comes_back_as_a_value_and_the_loop_goes_on():
+    async def main():
+        loop = StepLoop(FakeEngine(), 0.0)
+        rejected = await collect(loop, request("bad", 2, prompt_len=50))
+        accepted = await collect(loop, request("good", 2))
+        return rejected, accepted
+
+    rejected, accepted = run(main())
+    assert len(rejected) == 1 and isinstance(rejected[0], ContextLengthExceededError)
+    assert rejected[0].param == "prompt"
+    assert accepted[-1][-1].finish_reason == "length"
+
+
+def test_closing_the_stream_early_aborts_the_request():
+    engine = FakeEngine(step_s=0.001)
+
+    async def main():
+        loop = StepLoop(engine, 0.0)
+        stream = loop.generate(request("a", 1000))
+        await stream.__anext__()
+        await stream.aclose()
+        for _ in range(100):  # the abort is applied at the engine's next step
+            if not engine.has_unfinished_requests():
+                break
+            await asyncio.sleep(0.01)
+
+    run(main())
+    assert engine.aborted == ["a"] and not engine.has_unfinished_requests()
+
+
+def test_cancelling_the_consumer_aborts_the_request():
+    engine = FakeEngine(step_s=0.005)
+
+    async def main():
+        loop = StepLoop(engine, 0.0)
+        task = asyncio.ensure_future(collect(loop, request("a", 1000)))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    run(main())
+    assert engine.aborted == ["a"]
+
+
+def test_a_failing_step_fails_requests_in_flight_but_not_the_loop():
+    async def main():
+        loop = StepLoop(FakeEngine(fail_steps=1), 0.0)
+        failed = await collect(loop, request("a", 3))
+        later = await collect(loop, request("b", 2))
+        return failed, later
+
+    failed, later = run(main())
+    assert failed[-1][-1].finish_reason == "error" and "step failed" in failed[-1][-1].error
+    assert later[-1][-1].finish_reason == "length"
+
+
+def test_steps_run_in_one_dedicated_thread_and_stop_when_idle():
+    engine = FakeEngine()
+
+    async def main():
+        loop = StepLoop(engine, 0.0)
+        await asyncio.gather(*(collect(loop, request(f"r{i}", 3)) for i in range(4)))
+        steps_when_done = engine.num_steps
+        await asyncio.sleep(0.1)
+        return steps_when_done, await loop.stats()
+
+    steps_when_done, stats = run(main())
+    assert len(engine.step_threads) == 1 and next(iter(engine.step_threads)).startswith("engine-step")
+    assert engine.num_steps == steps_when_done  # no stepping (spinning) while idle
+    assert stats.num_steps == steps_when_done and stats.num_running == 0
