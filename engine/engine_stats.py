@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 def collect_stats(engine: LLMEngine) -> EngineStats:
     scheduler, pool, kv = engine.scheduler, engine.pool, engine.kv
+    ttft, itl, e2e, by_reason = engine.metrics.snapshot()
     return EngineStats(
         num_running=len(scheduler.running),
         num_waiting=len(scheduler.waiting),
@@ -31,7 +32,12 @@ def collect_stats(engine: LLMEngine) -> EngineStats:
         generation_tokens_total=engine.generation_tokens_total,
         num_requests_finished=engine.num_finished,
         device_memory_bytes=_device_memory_bytes(),
+        uptime_s=time.monotonic() - engine.started_s,
         live_requests=[_live(r) for r in list(scheduler.running) + list(scheduler.waiting)],
+        time_to_first_token_s=ttft,
+        inter_token_latency_s=itl,
+        e2e_request_latency_s=e2e,
+        num_requests_by_finish_reason=by_reason,
     )
 
 

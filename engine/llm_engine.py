@@ -23,6 +23,7 @@ from engine.model_runner import ModelRunner, probe_layer_shapes
 from engine.output_processor import OutputProcessor
 from engine.paged_attention import KVStorage
 from engine.request import Request
+from engine.request_metrics import RequestMetrics
 from engine.sampler import Sampler, SamplingRow, validate_params
 from engine.scheduler import Scheduler, SchedulerPlan
 
@@ -55,6 +56,7 @@ class LLMEngine:
         self.num_finished = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        self.metrics = RequestMetrics()
         self.started_s = time.monotonic()
 
     # ---- thread-safe entry points -------------------------------------------------------------
@@ -100,6 +102,7 @@ class LLMEngine:
             return outputs + self._fail([s.request for s in plan.scheduled], f"step failed: {exc}")
         for request, token_id in self.scheduler.update(plan, sampled):
             self.generation_tokens_total += 1
+            self.metrics.on_token(request)
             output = self.outputs.process(request, [token_id], logprobs.get(request.request_id, []))
             if output.finished:
                 self._finish(request)
@@ -146,6 +149,7 @@ class LLMEngine:
         self.scheduler.finish(request)
         self._requests.pop(request.request_id, None)
         self.num_finished += 1
+        self.metrics.on_finish(request)
 
     def _check_prompt(self, token_ids: list[int]) -> None:
         if not token_ids:

@@ -81,6 +81,30 @@ class LiveRequestStats:
 
 
 @dataclass
+class Histogram:
+    """Observations per bucket, Prometheus-style: `counts[i]` fell in (bounds[i-1], bounds[i]]; the
+    last count is the +Inf bucket, so `len(counts) == len(bounds) + 1`. Not cumulative."""
+
+    bounds: list[float] = field(default_factory=list)
+    counts: list[int] = field(default_factory=lambda: [0])
+    sum: float = 0.0
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def merged(self, other: Histogram) -> Histogram:
+        """Both histograms' observations. One with no bounds is empty (a default) and adopts the other's."""
+        if not other.bounds:
+            return Histogram(list(self.bounds), list(self.counts), self.sum)
+        if not self.bounds:
+            return Histogram(list(other.bounds), list(other.counts), other.sum)
+        assert self.bounds == other.bounds, "replicas must share bucket bounds"
+        counts = [a + b for a, b in zip(self.counts, other.counts)]
+        return Histogram(list(self.bounds), counts, self.sum + other.sum)
+
+
+@dataclass
 class EngineStats:
     """A snapshot for the status and metrics endpoints; counters are totals since start."""
 
@@ -98,4 +122,10 @@ class EngineStats:
     generation_tokens_total: int = 0
     num_requests_finished: int = 0
     device_memory_bytes: int = 0
+    uptime_s: float = 0.0
     live_requests: list[LiveRequestStats] = field(default_factory=list)
+    # Latencies and finishes since start, recorded as they happen by engine/request_metrics.py.
+    time_to_first_token_s: Histogram = field(default_factory=Histogram)
+    inter_token_latency_s: Histogram = field(default_factory=Histogram)
+    e2e_request_latency_s: Histogram = field(default_factory=Histogram)
+    num_requests_by_finish_reason: dict[str, int] = field(default_factory=dict)

@@ -69,6 +69,14 @@ class StepLayout:
         self.write_slots = mx.array(self._slots(offsets, num_new, block_tables, block_size), dtype=mx.int32)
         self._masks: dict[int | None, mx.array] = {}
         self._rows: dict[tuple[int, int], tuple[mx.array, mx.array]] = {}
+        # Fast paths for one row: a slice write for one token, a slice read when its blocks are
+        # consecutive ids (the usual case: the free queue hands out runs). Slices skip scatter/gather.
+        table = block_tables[0]
+        self.single_slot = divmod(offsets[0], block_size) if self.batch == 1 and num_new == 1 else None
+        if self.single_slot is not None:
+            self.single_slot = (table[self.single_slot[0]], self.single_slot[1])
+        consecutive = self.batch == 1 and table == list(range(table[0], table[0] + len(table)))
+        self.block_run = (table[0], len(table)) if consecutive else None
 
     def rows(self, heads: int, num_blocks: int) -> tuple[mx.array, mx.array]:
         """Row indices into a pool flattened head-major: token rows to write, block rows to read."""
@@ -121,14 +129,26 @@ class PagedLayerCache:
         batch, heads, num_new, dim = new.shape
         pool = pools[self.layer]
         _, num_blocks, block_size, _ = pool.shape
-        write_rows, read_rows = self.layout.rows(heads, num_blocks)
-        # Row views: a single token's vector to write, a whole block to read (take copies whole rows).
-        flat = pool.reshape(heads * num_blocks * block_size, dim)
-        flat[write_rows] = new.transpose(1, 0, 2, 3).reshape(heads * batch * num_new, dim)
-        pools[self.layer] = pool = flat.reshape(heads, num_blocks, block_size, dim)
-        context = mx.take(pool.reshape(heads * num_blocks, block_size * dim), read_rows, axis=0)
-        context = context.reshape(batch, heads, -1, dim)
-        return context if batch > 1 else context[:, :, : self.layout.ctx_len]
+        layout = self.layout
+        if layout.single_slot is not None:
+            block, slot = layout.single_slot
+            pool[:, block, slot : slot + 1, :] = new[0]
+        else:
+            # Row views: one token's vector per written row.
+            write_rows, _ = layout.rows(heads, num_blocks)
+            flat = pool.reshape(heads * num_blocks * block_size, dim)
+            flat[write_rows] = new.transpose(1, 0, 2, 3).reshape(heads * batch * num_new, dim)
+            pool = flat.reshape(heads, num_blocks, block_size, dim)
+        pools[self.layer] = pool
+        if layout.block_run is not None:
+            first, count = layout.block_run
+            context = pool[:, first : first + count].reshape(1, heads, count * block_size, dim)
+        else:
+            # One block of one head per row: `take` copies whole rows, batch-major.
+            _, read_rows = layout.rows(heads, num_blocks)
+            context = mx.take(pool.reshape(heads * num_blocks, block_size * dim), read_rows, axis=0)
+            context = context.reshape(batch, heads, -1, dim)
+        return context if batch > 1 else context[:, :, : layout.ctx_len]
 
     def make_mask(
         self, N: int, return_array: bool = False, window_size: int | None = None

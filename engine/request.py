@@ -35,6 +35,8 @@ class Request:
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
     first_token_s: float | None = None
+    last_token_s: float | None = None
+    token_gap_s: float | None = None  # between the last two output tokens; None until there are two
     num_preemptions: int = 0
 
     def __post_init__(self) -> None:
@@ -61,6 +63,10 @@ class Request:
         return self.status is RequestStatus.FINISHED
 
     def append_token(self, token_id: int) -> None:
+        now = time.monotonic()
         if self.first_token_s is None:
-            self.first_token_s = time.monotonic()
+            self.first_token_s = now
+        else:
+            self.token_gap_s = now - self.last_token_s  # type: ignore[operator]
+        self.last_token_s = now
         self.all_token_ids.append(token_id)
