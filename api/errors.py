@@ -1,7 +1,8 @@
 """OpenAI error JSON: the one place where engine errors and request failures become status codes.
 
 Owns the shape `{"error": {"message", "type", "param", "code"}}` and the FastAPI handlers that make
-every failure use it (FastAPI's own `{"detail": ...}` must never reach a client). No Ray, no MLX.
+every failure use it (FastAPI's own `{"detail": ...}` must never reach a client). The handlers render
+through api/dialect.py, so routes under /v1/messages answer in Anthropic's shape. No Ray, no MLX.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ logger = logging.getLogger(__name__)
 
 INVALID_REQUEST = "invalid_request_error"
 SERVER_ERROR = "server_error"
+# A full waiting queue drains within about a second of decode steps on the bundled model.
+QUEUE_FULL_RETRY_AFTER_S = 1
 
 
 class ApiError(Exception):
@@ -33,6 +36,7 @@ class ApiError(Exception):
         type: str = INVALID_REQUEST,
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ):
         super().__init__(message)
         self.status = status
@@ -40,12 +44,13 @@ class ApiError(Exception):
         self.type = type
         self.param = param
         self.code = code
+        self.headers = headers  # e.g. Retry-After on 429 and 503
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def unsupported(param: str, detail: str) -> ApiError:
@@ -72,7 +77,8 @@ def from_engine_error(exc: EngineError, prompt_param: str | None = None) -> ApiE
     if isinstance(exc, InvalidRequestError):
         return ApiError(400, exc.message, param=exc.param, code=exc.code)
     if isinstance(exc, QueueFullError):
-        return ApiError(503, exc.message, type=SERVER_ERROR, code=exc.code)
+        retry = {"Retry-After": str(QUEUE_FULL_RETRY_AFTER_S)}
+        return ApiError(503, exc.message, type=SERVER_ERROR, code=exc.code, headers=retry)
     return ApiError(500, exc.message, type=SERVER_ERROR, param=exc.param, code=exc.code)
 
 
@@ -124,14 +130,22 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _handle_unexpected)
 
 
-async def _handle_api_error(_: Request, exc: Exception) -> JSONResponse:
+def _render(request: Request, error: ApiError) -> JSONResponse:
+    """The error in the dialect of the route that failed (Anthropic's under /v1/messages)."""
+    # Imported here: api/dialect.py imports ApiError from this module.
+    from api.dialect import error_response, route_path
+
+    return error_response(route_path(request.scope), error)
+
+
+async def _handle_api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
-    return exc.response()
+    return _render(request, exc)
 
 
-async def _handle_validation_error(_: Request, exc: Exception) -> JSONResponse:
+async def _handle_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    return from_validation_errors(exc.errors()).response()
+    return _render(request, from_validation_errors(exc.errors()))
 
 
 async def _handle_http_exception(request: Request, exc: Exception) -> JSONResponse:
@@ -141,9 +155,9 @@ async def _handle_http_exception(request: Request, exc: Exception) -> JSONRespon
     if exc.status_code == 404:
         message = f"No route {request.method} {request.url.path}."
     kind = INVALID_REQUEST if exc.status_code < 500 else SERVER_ERROR
-    return ApiError(exc.status_code, message, type=kind, code=code).response()
+    return _render(request, ApiError(exc.status_code, message, type=kind, code=code))
 
 
-async def _handle_unexpected(_: Request, exc: Exception) -> JSONResponse:
+async def _handle_unexpected(request: Request, exc: Exception) -> JSONResponse:
     logger.exception("unhandled error in a request")
-    return internal_error(f"internal error: {type(exc).__name__}: {exc}").response()
+    return _render(request, internal_error(f"internal error: {type(exc).__name__}: {exc}"))

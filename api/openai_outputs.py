@@ -1,8 +1,7 @@
 """Engine `RequestOutput` batches -> OpenAI chat.completion(.chunk) and text_completion objects.
 
-Owns per-choice accumulation (text, logprobs, finish reason, token counts) and usage. One engine
-request is one choice. A failed or aborted request becomes an `ApiError`, which the caller turns into
-an error response or an in-stream error event. No Ray, no MLX.
+Owns usage and the OpenAI rendering of each choice; api/choice_state.py accumulates the batches (and
+raises the `ApiError` of a failed request). One engine request is one choice. No Ray, no MLX.
 """
 
 from __future__ import annotations
@@ -12,11 +11,11 @@ import struct
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from engine.messages import RequestOutput, TokenLogprob
+from engine.messages import TokenLogprob
 
-from api.errors import SERVER_ERROR, ApiError
+from api.choice_state import ChoiceState, Delta
 from api.openai_responses import (
     ChatChoice,
     ChatChoiceLogprobs,
@@ -51,63 +50,6 @@ class ResponseMeta:
     @classmethod
     def new(cls, prefix: str, model: str) -> ResponseMeta:
         return cls(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), model)
-
-
-@dataclass
-class Delta:
-    """What one batch added to a choice."""
-
-    text: str
-    logprobs: list[TokenLogprob] | None
-    finish_reason: str | None
-    text_offset: int  # length of the choice's text before this delta
-
-    @property
-    def empty(self) -> bool:
-        return not self.text and not self.logprobs and self.finish_reason is None
-
-
-@dataclass
-class ChoiceState:
-    """Accumulates one choice's batches; `num_prompt_tokens` may be preset to the prompt's length."""
-
-    index: int
-    num_prompt_tokens: int = 0
-    text: str = ""
-    num_output_tokens: int = 0
-    num_cached_tokens: int = 0
-    logprobs: list[TokenLogprob] | None = None
-    finish_reason: str | None = None
-    token_ids: list[int] = field(default_factory=list)
-
-    def add(self, batch: Iterable[RequestOutput]) -> Delta:
-        offset, parts, logprobs = len(self.text), [], []
-        for out in batch:
-            raise_if_failed(out)
-            parts.append(out.new_text)
-            self.token_ids.extend(out.new_token_ids)
-            logprobs.extend(out.logprobs or [])
-            self._count(out)
-            self.finish_reason = out.finish_reason or self.finish_reason
-        text = "".join(parts)
-        self.text += text
-        if logprobs:
-            self.logprobs = (self.logprobs or []) + logprobs
-        return Delta(text, logprobs or None, self.finish_reason, offset)
-
-    def _count(self, out: RequestOutput) -> None:
-        self.num_prompt_tokens = max(self.num_prompt_tokens, out.num_prompt_tokens)
-        self.num_cached_tokens = max(self.num_cached_tokens, out.num_cached_tokens)
-        self.num_output_tokens = max(self.num_output_tokens, out.num_output_tokens, len(self.token_ids))
-
-
-def raise_if_failed(out: RequestOutput) -> None:
-    if out.finish_reason == "error":
-        raise ApiError(
-            500, out.error or "the request failed in the engine", SERVER_ERROR, code="request_failed"
-        )
-    if out.finish_reason == "abort":
-        raise ApiError(500, "the engine aborted the request", SERVER_ERROR, code="request_aborted")
 
 
 def usage(states: Iterable[ChoiceState]) -> Usage:

@@ -15,8 +15,9 @@ from typing import Protocol
 from engine.messages import RequestOutput
 
 from api import sse
+from api.choice_state import ChoiceState, Delta
 from api.errors import ApiError, internal_error
-from api.openai_outputs import ChoiceState, Delta, TokenText, logprob_token_ids
+from api.openai_outputs import TokenText, logprob_token_ids
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""Server-sent events framing for OpenAI streams: `data: {json}\\n\\n` frames ending in `data: [DONE]\\n\\n`.
+"""Server-sent events framing: OpenAI's `data: {json}\\n\\n` frames ending in `data: [DONE]\\n\\n`, and
+the named `event: <type>\\ndata: {json}\\n\\n` frames of Anthropic's and the Responses API's streams.
 
 Owns the bytes on the wire and the streaming response that carries them; what goes in a frame is the
 converters' business.
@@ -20,7 +21,15 @@ HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def event(payload: dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    return f"data: {_json(payload)}\n\n"
+
+
+def named_event(name: str, payload: dict[str, Any]) -> str:
+    return f"event: {name}\ndata: {_json(payload)}\n\n"
+
+
+def _json(payload: dict[str, Any]) -> str:
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
 
 
 class EventStreamResponse(StreamingResponse):

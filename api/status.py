@@ -1,7 +1,7 @@
 """The /v1/status JSON: engine stats of every Scheduler replica plus their totals.
 
-Owns the aggregation rule only (counters add up; `block_size` is shared); the ingress gathers the
-per-replica snapshots. No Ray, no MLX.
+Owns the aggregation rule (counters add up, histograms merge, `block_size` is shared, uptime is the
+oldest replica's) and the derived rates; the ingress gathers the per-replica snapshots. No Ray, no MLX.
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import asdict, fields
 from typing import Any
 
-from engine.messages import EngineStats
+from engine.messages import EngineStats, Histogram
 
-_NOT_SUMMED = {"block_size", "live_requests"}
+_HISTOGRAMS = ("time_to_first_token_s", "inter_token_latency_s", "e2e_request_latency_s")
 
 
 def status_body(model: str, replicas: list[tuple[str, EngineStats]], errors: list[str]) -> dict[str, Any]:
@@ -19,9 +19,9 @@ def status_body(model: str, replicas: list[tuple[str, EngineStats]], errors: lis
     return {
         "model": model,
         "num_replicas": len(replicas),
-        "total": asdict(total_stats([stats for _, stats in replicas])),
+        "total": stats_json(total_stats([stats for _, stats in replicas])),
         "replicas": [
-            {"replica_id": replica_id, **asdict(stats)}
+            {"replica_id": replica_id, **stats_json(stats)}
             for replica_id, stats in sorted(replicas, key=lambda r: r[0])
         ],
         "errors": errors,
@@ -32,8 +32,39 @@ def total_stats(all_stats: list[EngineStats]) -> EngineStats:
     total = EngineStats()
     for stats in all_stats:
         for f in fields(EngineStats):
-            if f.name not in _NOT_SUMMED:
-                setattr(total, f.name, getattr(total, f.name) + getattr(stats, f.name))
-        total.block_size = total.block_size or stats.block_size
-        total.live_requests.extend(stats.live_requests)
+            mine, theirs = getattr(total, f.name), getattr(stats, f.name)
+            setattr(total, f.name, _combine(f.name, mine, theirs))
     return total
+
+
+def _combine(name: str, mine: Any, theirs: Any) -> Any:
+    if name == "block_size":
+        return mine or theirs
+    if name == "uptime_s":
+        return max(mine, theirs)
+    if isinstance(mine, Histogram):
+        return mine.merged(theirs)
+    if isinstance(mine, dict):
+        return {key: mine.get(key, 0) + theirs.get(key, 0) for key in mine.keys() | theirs.keys()}
+    return mine + theirs  # counters, gauges and the live-request lists
+
+
+def stats_json(stats: EngineStats) -> dict[str, Any]:
+    """The stats as JSON plus derived rates; histograms shrink to count and mean (/metrics has buckets)."""
+    body = {k: v for k, v in asdict(stats).items() if k not in _HISTOGRAMS}
+    body["kv_cache_usage"] = kv_cache_usage(stats)
+    body["prefix_cache_hit_rate"] = (
+        stats.prefix_cache_hits / stats.prefix_cache_queries if stats.prefix_cache_queries else None
+    )
+    body["latency"] = {name: _summary(getattr(stats, name)) for name in _HISTOGRAMS}
+    return body
+
+
+def kv_cache_usage(stats: EngineStats) -> float:
+    """Fraction of KV blocks in use, 0..1 (what vLLM's kv_cache_usage_perc reports)."""
+    return stats.num_blocks_used / stats.num_blocks_total if stats.num_blocks_total else 0.0
+
+
+def _summary(histogram: Histogram) -> dict[str, Any]:
+    count = histogram.count
+    return {"count": count, "mean": histogram.sum / count if count else None}

@@ -28,6 +28,7 @@ from engine.config import EngineConfig
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ray.serve import Application
 
+from api.config import LimitsConfig, SecurityConfig
 from deployments.embedder import Embedder
 from deployments.ingress import Ingress
 from deployments.scheduler import Scheduler
@@ -92,6 +93,12 @@ class AppConfig(_Strict):
     tokenizer: DeploymentOptions = Field(default_factory=DeploymentOptions)
     embedder: EmbedderOptions = Field(default_factory=EmbedderOptions)
     ingress: IngressOptions = Field(default_factory=IngressOptions)
+    security: SecurityConfig = Field(
+        default_factory=SecurityConfig, description="API keys and CORS; fields in api/config.py."
+    )
+    limits: LimitsConfig = Field(
+        default_factory=LimitsConfig, description="Body size, rate limit, request timeout; api/config.py."
+    )
 
     @model_validator(mode="after")
     def _check_scheduler_slots(self) -> AppConfig:
@@ -115,4 +122,7 @@ def build_app(args: dict[str, Any]) -> Application:
     if config.embedder.enabled:
         embedder = Embedder.options(**config.embedder.actor_options()).bind(config.embedder.model)
     ingress = Ingress.options(**config.ingress.actor_options())
-    return ingress.bind(scheduler, tokenizer, embedder, config.engine.served_model_name)
+    security = config.security.with_env_keys()
+    return ingress.bind(
+        scheduler, tokenizer, embedder, config.engine.served_model_name, security, config.limits
+    )

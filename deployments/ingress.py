@@ -19,8 +19,13 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from api import sse
+from api.anthropic_schemas import CountTokensRequest, MessagesRequest
 from api.body import parse_body
+from api.config import LimitsConfig, SecurityConfig
 from api.errors import ApiError, from_engine_error, install_error_handlers, model_not_found
+from api.guard import GuardMiddleware
+from api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from api.metrics import render_metrics
 from api.openai_convert import (
     add_generation_prompt,
     chat_messages,
@@ -50,14 +55,29 @@ from api.openai_outputs import (
 from api.openai_responses import ModelCard, ModelList
 from api.openai_schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from api.openai_stream import sse_frames
-from api.status import status_body
+from api.openapi import install_openapi, request_body
+from api.responses_schemas import ResponsesRequest
+from api.status import status_body, total_stats
+from deployments.anthropic_routes import AnthropicRoutes
 from deployments.generation import Generation
-from deployments.messages import ModelInfo, ReplicaStats
+from deployments.messages import ModelInfo
+from deployments.replica_stats import gather_stats
+from deployments.responses_routes import ResponsesRoutes
 
 _STATUS_TIMEOUT_S = 10.0
 
 app = FastAPI(title="mlx-ray-serve", docs_url=None, redoc_url=None)
 install_error_handlers(app)
+install_openapi(app)
+
+
+def _guard_configs() -> tuple[SecurityConfig, LimitsConfig]:
+    """The running Ingress's security and limits; read by the guard on its first request."""
+    ingress = serve.get_replica_context().servable_object
+    return ingress.security, ingress.limits
+
+
+app.add_middleware(GuardMiddleware, configs=_guard_configs)
 
 
 # Helpers sit above the class: @serve.ingress freezes the FastAPI app (cloudpickle) when it decorates
@@ -77,13 +97,19 @@ class Ingress:
         tokenizer: DeploymentHandle,
         embedder: DeploymentHandle | None,
         served_model_name: str | None,
+        security: SecurityConfig | None = None,
+        limits: LimitsConfig | None = None,
     ):
+        self.security = security or SecurityConfig()  # read by api/guard.py via _guard_configs
+        self.limits = limits or LimitsConfig()
         self._scheduler = scheduler
         self._tokenizer = tokenizer
         self._embedder = embedder
         self._served_model_name = served_model_name
         self._info: ModelInfo | None = None
         self._embedding_model: str | None = None
+        self._anthropic = AnthropicRoutes(scheduler, tokenizer, self._resolve_model)
+        self._responses = ResponsesRoutes(scheduler, tokenizer, self._resolve_model)
 
     @app.get("/health")
     async def health(self) -> dict[str, str]:
@@ -103,13 +129,18 @@ class Ingress:
     async def status(self) -> dict[str, Any]:
         """Stats of every Scheduler replica: `broadcast` calls each running replica once (a plain
         handle call reaches one replica only), and the totals add them up."""
-        response = self._scheduler.broadcast("stats")
-        results = await response.results_async(timeout_s=_STATUS_TIMEOUT_S, return_exceptions=True)
-        replicas = [(r.replica_id, r.stats) for r in results if isinstance(r, ReplicaStats)]
-        errors = [f"{type(r).__name__}: {r}" for r in results if not isinstance(r, ReplicaStats)]
+        replicas, errors = await gather_stats(self._scheduler, _STATUS_TIMEOUT_S)
         return status_body(self._model_id(await self._model_info()), replicas, errors)
 
-    @app.post("/v1/chat/completions")
+    @app.get("/metrics")
+    async def metrics(self) -> Response:
+        """vLLM's Prometheus metrics, totalled over every Scheduler replica that answered."""
+        replicas, _ = await gather_stats(self._scheduler, _STATUS_TIMEOUT_S)
+        total = total_stats([stats for _, stats in replicas])
+        text = render_metrics(self._model_id(await self._model_info()), total)
+        return Response(text, media_type=METRICS_CONTENT_TYPE)
+
+    @app.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
     async def chat_completions(self, request: Request) -> Response:
         req = await parse_body(request, ChatCompletionRequest)
         model = await self._resolve_model(req.model)
@@ -133,7 +164,7 @@ class Ingress:
         frames = sse_frames(generation.batches(), states, chunk, usage_chunk, self._texts_for)
         return sse.EventStreamResponse(frames, on_close=generation.cancel)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=request_body(CompletionRequest))
     async def completions(self, request: Request) -> Response:
         req = await parse_body(request, CompletionRequest)
         model = await self._resolve_model(req.model)
@@ -156,7 +187,7 @@ class Ingress:
         frames = sse_frames(generation.batches(), states, chunk, usage_chunk, self._texts_for)
         return sse.EventStreamResponse(frames, on_close=generation.cancel)
 
-    @app.post("/v1/embeddings")
+    @app.post("/v1/embeddings", openapi_extra=request_body(EmbeddingRequest))
     async def embeddings(self, request: Request) -> Response:
         req = await parse_body(request, EmbeddingRequest)
         if self._embedder is None:
@@ -174,6 +205,18 @@ class Ingress:
         return JSONResponse(
             embedding_list(self._embedding_model, vectors, num_tokens, req.encoding_format).dump()
         )
+
+    @app.post("/v1/messages", openapi_extra=request_body(MessagesRequest))
+    async def anthropic_messages(self, request: Request) -> Response:
+        return await self._anthropic.create(request)
+
+    @app.post("/v1/messages/count_tokens", openapi_extra=request_body(CountTokensRequest))
+    async def anthropic_count_tokens(self, request: Request) -> Response:
+        return await self._anthropic.count_tokens(request)
+
+    @app.post("/v1/responses", openapi_extra=request_body(ResponsesRequest))
+    async def responses(self, request: Request) -> Response:
+        return await self._responses.create(request)
 
     # --- helpers ---------------------------------------------------------------------------------
 

@@ -6,6 +6,8 @@ every scheduling decision is the engine's.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
@@ -17,7 +19,12 @@ from engine.messages import GenerateRequest, RequestOutput
 from ray import serve
 
 from deployments.messages import ModelInfo, ReplicaStats
+from deployments.ray_metrics import RayMetricsExporter
 from deployments.step_loop import StepLoop
+
+logger = logging.getLogger(__name__)
+
+METRICS_EXPORT_INTERVAL_S = 5.0  # Ray's metrics agent reports every few seconds too
 
 
 @serve.deployment
@@ -26,13 +33,18 @@ class Scheduler:
         # Imported here, not at the top: only this replica's process needs MLX and the model code.
         from engine.llm_engine import LLMEngine
 
-        self._engine = LLMEngine(EngineConfig.model_validate(engine_config))
+        config = EngineConfig.model_validate(engine_config)
+        self._engine = LLMEngine(config)
         self._loop = StepLoop(self._engine, stream_interval_s)
         self._replica_id = serve.get_replica_context().replica_id.unique_id
+        model_name = config.served_model_name or self._engine.model_name
+        self._ray_metrics = RayMetricsExporter(model_name, self._replica_id)
+        self._export_task: asyncio.Task[None] | None = None
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[list[RequestOutput] | EngineError]:
         """Call through a streaming handle: `list[RequestOutput]` batches, or one `EngineError` if
         the engine rejected the request. Cancelling the call aborts the request and frees its blocks."""
+        self._ensure_exporting()
         async with aclosing(self._loop.generate(request)) as items:  # closing this closes the inner one
             async for item in items:
                 yield item
@@ -44,3 +56,16 @@ class Scheduler:
     async def stats(self) -> ReplicaStats:
         """This replica's engine stats; the Ingress broadcasts this to every replica and adds them up."""
         return ReplicaStats(self._replica_id, await self._loop.stats())
+
+    def _ensure_exporting(self) -> None:
+        # Started on the first request: the constructor may run outside the replica's event loop.
+        if self._export_task is None or self._export_task.done():
+            self._export_task = asyncio.get_running_loop().create_task(self._export_forever())
+
+    async def _export_forever(self) -> None:
+        while True:
+            try:
+                self._ray_metrics.export(await self._loop.stats())
+            except Exception:
+                logger.exception("exporting Ray metrics failed; retrying")
+            await asyncio.sleep(METRICS_EXPORT_INTERVAL_S)

@@ -1,7 +1,8 @@
 """Tokenizer deployment: the served model's tokenizer alone (no weights), for the Ingress.
 
-Owns chat templating, prompt encoding, token counting and token texts for logprobs. A request the
-template or tokenizer cannot take comes back as an `InvalidRequestError` value, not a raise.
+Owns chat templating (with engine/chat_template.py's fallback for templates without tool support),
+prompt encoding, token counting and token texts for logprobs. A request the template or tokenizer
+cannot take comes back as an `InvalidRequestError` value, not a raise.
 """
 
 from __future__ import annotations
@@ -9,6 +10,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from engine.chat_template import (
+    flatten_tool_turns,
+    needs_flattening,
+    renders_tool_calls,
+    renders_tools,
+    template_source,
+)
 from engine.config import EngineConfig
 from engine.errors import InvalidRequestError
 
@@ -27,14 +35,30 @@ class Tokenizer:
         self._tokenizer = load_tokenizer(EngineConfig.model_validate(engine_config))
 
     async def chat_prompt_ids(
-        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+        continue_final_message: bool = False,
     ) -> list[int] | InvalidRequestError:
-        """Renders the chat template and encodes it; the template adds any BOS it wants."""
+        """Renders the chat template and encodes it; the template adds any BOS it wants.
+
+        `continue_final_message` leaves the last (assistant) turn open, so generation continues it."""
         if not getattr(self._tokenizer, "has_chat_template", True):
             return InvalidRequestError("this model has no chat template; use /v1/completions", "messages")
+        source = template_source(self._tokenizer)
+        if tools and not renders_tools(source):
+            return InvalidRequestError(
+                "this model's chat template cannot render tools; omit 'tools'", "tools"
+            )
+        if needs_flattening(messages) and not renders_tool_calls(source):
+            messages = flatten_tool_turns(messages)
+        kwargs = {"tools": tools} if tools else {}
+        if continue_final_message:
+            kwargs["continue_final_message"] = True
         try:
             text = self._tokenizer.apply_chat_template(
-                messages, add_generation_prompt=add_generation_prompt, tokenize=False
+                messages, add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs
             )
         except (TemplateError, ValueError) as exc:  # templates raise on messages they refuse (role order)
             return InvalidRequestError(f"the chat template rejected the messages: {exc}", "messages")

@@ -50,7 +50,9 @@ class LLMEngine:
         self.runner = ModelRunner(loaded.model, self.storage)
         self.sampler = Sampler(config.seed)
         self.outputs = OutputProcessor(loaded.tokenizer, self.eos_token_ids)
-        self._inbox: queue.SimpleQueue[Request | str] = queue.SimpleQueue()
+        # Two inboxes, so the waiting-queue bound counts new requests and never pending aborts.
+        self._new: queue.SimpleQueue[Request] = queue.SimpleQueue()
+        self._aborts: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._requests: dict[str, Request] = {}
         self.num_steps = 0
         self.num_finished = 0
@@ -76,18 +78,18 @@ class LLMEngine:
                 param="max_tokens",
             )
         bound = self.config.max_waiting_requests
-        if bound is not None and len(self.scheduler.waiting) + self._inbox.qsize() >= bound:
+        if bound is not None and len(self.scheduler.waiting) + self._new.qsize() >= bound:
             raise QueueFullError(f"the waiting queue is full ({bound} requests); retry later")
         max_tokens = params.max_tokens if params.max_tokens is not None else room
-        self._inbox.put(Request(request.request_id, list(request.prompt_token_ids), params, max_tokens))
+        self._new.put(Request(request.request_id, list(request.prompt_token_ids), params, max_tokens))
 
     def abort_request(self, request_id: str) -> None:
-        self._inbox.put(request_id)
+        self._aborts.put(request_id)
 
     # ---- the step -----------------------------------------------------------------------------
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished() or not self._inbox.empty()
+        return self.scheduler.has_unfinished() or not self._new.empty() or not self._aborts.empty()
 
     def step(self) -> list[RequestOutput]:
         outputs = self._drain_inbox()
@@ -124,15 +126,15 @@ class LLMEngine:
         return sampled, logprobs
 
     def _drain_inbox(self) -> list[RequestOutput]:
+        while not self._new.empty():
+            request = self._new.get()
+            self._requests[request.request_id] = request
+            self.prompt_tokens_total += request.num_prompt_tokens
+            self.outputs.add(request)
+            self.scheduler.add(request)
         outputs = []
-        while not self._inbox.empty():
-            item = self._inbox.get()
-            if isinstance(item, Request):
-                self._requests[item.request_id] = item
-                self.prompt_tokens_total += item.num_prompt_tokens
-                self.outputs.add(item)
-                self.scheduler.add(item)
-            elif (request := self._requests.get(item)) is not None:
+        while not self._aborts.empty():
+            if (request := self._requests.get(self._aborts.get())) is not None:
                 outputs.append(self.outputs.abort(request, "abort"))
                 self._finish(request)
         return outputs

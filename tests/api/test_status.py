@@ -31,3 +31,14 @@ def test_status_body_lists_replicas_and_errors():
     assert body["num_replicas"] == 2 and body["total"]["num_waiting"] == 3
     assert [r["replica_id"] for r in body["replicas"]] == ["r1", "r2"]
     assert body["errors"] == ["dead"]
+
+
+def test_status_derives_rates_and_keeps_the_oldest_uptime():
+    a = EngineStats(
+        num_blocks_total=10, num_blocks_used=5, prefix_cache_queries=8, prefix_cache_hits=2, uptime_s=9
+    )
+    b = EngineStats(num_blocks_total=10, num_blocks_used=0, prefix_cache_queries=0, uptime_s=3)
+    total = status_body("smol", [("r1", a), ("r2", b)], [])["total"]
+    assert total["kv_cache_usage"] == 0.25 and total["prefix_cache_hit_rate"] == 0.25
+    assert total["uptime_s"] == 9
+    assert total["latency"]["time_to_first_token_s"] == {"count": 0, "mean": None}

@@ -54,3 +54,21 @@ def test_num_threads_reaches_the_scheduler_env_only_when_set():
     assert AppConfig().scheduler.runtime_env() == {}
     env = AppConfig.model_validate({"scheduler": {"num_threads": 1}}).scheduler.runtime_env()["env_vars"]
     assert env == {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+
+
+def test_security_and_limits_default_to_open_with_a_body_limit_and_a_timeout():
+    config = AppConfig()
+    assert config.security.api_keys == [] and config.security.cors_allow_origins == []
+    assert config.limits.max_body_bytes == 10 * 1024 * 1024 and config.limits.rate_limit is None
+    assert config.limits.request_timeout_s == 600
+
+
+def test_security_and_limits_are_validated():
+    config = AppConfig.model_validate(
+        {"security": {"api_keys": ["sk-1"]}, "limits": {"rate_limit": {"requests_per_minute": 30}}}
+    )
+    assert config.security.api_keys == ["sk-1"] and config.limits.rate_limit.bucket_size == 30
+    with pytest.raises(ValidationError, match="api_key"):
+        AppConfig.model_validate({"security": {"api_key": ["sk-1"]}})
+    with pytest.raises(ValidationError, match="requests_per_minute"):
+        AppConfig.model_validate({"limits": {"rate_limit": {"requests_per_minute": 0}}})

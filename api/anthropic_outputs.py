@@ -1,0 +1,89 @@
+"""A `ChoiceState` (the engine's accumulated output) -> Anthropic's Message object and its stop fields.
+
+Owns the response wire shapes of /v1/messages. Usage reports the whole prompt as `input_tokens`, equal
+to what /v1/messages/count_tokens answers: the automatic prefix cache is not Anthropic's prompt cache,
+so no `cache_*_input_tokens` are reported. No Ray, no MLX.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from api.choice_state import ChoiceState
+
+StopReason = Literal["end_turn", "max_tokens", "stop_sequence"]
+
+
+@dataclass(frozen=True)
+class MessageMeta:
+    id: str
+    model: str
+
+    @classmethod
+    def new(cls, model: str) -> MessageMeta:
+        return cls(f"msg_{uuid.uuid4().hex}", model)
+
+
+class Usage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+
+
+class TextContent(BaseModel):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class MessageOut(BaseModel):
+    id: str
+    type: Literal["message"] = "message"
+    role: Literal["assistant"] = "assistant"
+    model: str
+    content: list[TextContent]
+    stop_reason: StopReason | None
+    stop_sequence: str | None
+    usage: Usage
+
+    def dump(self) -> dict[str, Any]:
+        return self.model_dump()
+
+
+def stop_fields(state: ChoiceState) -> tuple[StopReason | None, str | None]:
+    """(stop_reason, stop_sequence): the engine stops on a stop string (a `str` stop reason), on an
+    end-of-turn token, or at max_tokens (finish reason 'length')."""
+    if state.finish_reason is None:
+        return None, None
+    if state.finish_reason == "length":
+        return "max_tokens", None
+    if isinstance(state.stop_reason, str):
+        return "stop_sequence", state.stop_reason
+    return "end_turn", None
+
+
+def usage(state: ChoiceState) -> Usage:
+    return Usage(input_tokens=state.num_prompt_tokens, output_tokens=state.num_output_tokens)
+
+
+def message(meta: MessageMeta, state: ChoiceState) -> MessageOut:
+    """The whole message; always one text block (maybe empty), as the stream has one."""
+    stop_reason, stop_sequence = stop_fields(state)
+    return MessageOut(
+        id=meta.id,
+        model=meta.model,
+        content=[TextContent(text=state.text)],
+        stop_reason=stop_reason,
+        stop_sequence=stop_sequence,
+        usage=usage(state),
+    )
+
+
+def started_message(meta: MessageMeta, num_input_tokens: int) -> MessageOut:
+    """The `message_start` snapshot: no content yet, no output tokens counted."""
+    empty = Usage(input_tokens=num_input_tokens, output_tokens=0)
+    return MessageOut(
+        id=meta.id, model=meta.model, content=[], stop_reason=None, stop_sequence=None, usage=empty
+    )

@@ -1,0 +1,164 @@
+"""OpenAI Responses requests -> the neutral inputs: chat-template turns, a `ChatPrompt`, `SamplingParams`.
+
+Owns which Responses fields are honoured: anything parsed but not honoured is a 400 naming the field,
+never dropped. Function calls and their outputs in `input` become chat-template tool calls and tool
+turns. The reverse direction lives in api/responses_outputs.py. No Ray, no MLX.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from engine.messages import SamplingParams
+
+from api.errors import ApiError, invalid, unsupported
+from api.responses_schemas import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    FunctionTool,
+    InputText,
+    MessageItem,
+    Refusal,
+    ResponsesRequest,
+    UnsupportedPart,
+)
+from api.template_messages import ChatPrompt, Message, Tool, function_tool, text_turn, tool_call, tool_result
+
+_NOT_YET = "not supported yet"
+
+# --- checks: fields we parse but do not honour -------------------------------------------------
+
+
+def check_supported(req: ResponsesRequest) -> None:
+    _check_tools(req)
+    _check_refused_fields(req)
+    if req.text is not None:
+        if req.text.format is not None and req.text.format.get("type") != "text":
+            raise unsupported("text.format", "only {'type': 'text'} is served (no JSON mode or schemas)")
+        if req.text.verbosity is not None:
+            raise unsupported("text.verbosity", "not implemented by this server")
+    if req.reasoning and any(value is not None for value in req.reasoning.values()):
+        raise unsupported("reasoning", "this server runs no reasoning models")
+    if req.truncation == "auto":
+        raise unsupported("truncation", "only 'disabled' is served: a prompt over the context is a 400")
+    if req.service_tier not in (None, "auto", "default"):
+        raise unsupported("service_tier", "this server has a single tier; use 'auto' or 'default'")
+    if req.top_logprobs:
+        raise unsupported("top_logprobs", "logprobs are not implemented for /v1/responses")
+    if isinstance(req.input, list):
+        _check_items(req.input)
+
+
+def _check_refused_fields(req: ResponsesRequest) -> None:
+    refused = {
+        "include": (bool(req.include), "no extra output data is produced"),
+        "background": (bool(req.background), "background responses are not implemented"),
+        "prompt": (req.prompt is not None, "stored prompt templates are not implemented"),
+        "conversation": (req.conversation is not None, "use previous_response_id instead"),
+        "context_management": (bool(req.context_management), "context compaction is not implemented"),
+    }
+    for param, (is_set, detail) in refused.items():
+        if is_set:
+            raise unsupported(param, detail)
+
+
+def _check_tools(req: ResponsesRequest) -> None:
+    for i, tool in enumerate(req.tools or []):
+        if not isinstance(tool, FunctionTool):
+            raise unsupported(f"tools[{i}]", f"tool type {tool.type!r} is {_NOT_YET}; only 'function' tools")
+    if req.tool_choice not in (None, "auto", "none"):
+        raise unsupported("tool_choice", f"forcing a tool call is {_NOT_YET}; use 'auto' or 'none'")
+
+
+def _check_items(items: list) -> None:
+    for i, item in enumerate(items):
+        if isinstance(item, MessageItem) and not isinstance(item.content, str):
+            for j, part in enumerate(item.content):
+                if isinstance(part, UnsupportedPart):
+                    where = f"input[{i}].content[{j}]"
+                    raise unsupported(
+                        where, f"{part.type!r} parts are not supported by this text-only server"
+                    )
+
+
+# --- prompt ------------------------------------------------------------------------------------
+
+
+def input_turns(req: ResponsesRequest) -> list[Message]:
+    """This request's input as turns (instructions excluded: they are not carried to follow-ups)."""
+    if isinstance(req.input, str):
+        return [text_turn("user", req.input)]
+    turns: list[Message] = []
+    for i, item in enumerate(req.input):
+        if isinstance(item, MessageItem):
+            turns.append(_message_turn(item))
+        elif isinstance(item, FunctionCallItem):
+            _add_call(turns, item, f"input[{i}].arguments")
+        else:
+            turns.append(tool_result(item.call_id, _output_text(item)))
+    return turns
+
+
+def _message_turn(item: MessageItem) -> Message:
+    role = "system" if item.role == "developer" else item.role
+    if isinstance(item.content, str):
+        return text_turn(role, item.content)
+    return text_turn(role, "\n".join(map(_part_text, item.content)))
+
+
+def _part_text(part: InputText | Refusal | UnsupportedPart) -> str:
+    assert not isinstance(part, UnsupportedPart), "rejected by check_supported"
+    return part.text if isinstance(part, InputText) else part.refusal
+
+
+def _add_call(turns: list[Message], item: FunctionCallItem, param: str) -> None:
+    """Consecutive function calls after an assistant turn are that turn's tool calls."""
+    call = tool_call(item.call_id, item.name, _arguments(item.arguments, param))
+    if turns and turns[-1]["role"] == "assistant":
+        turns[-1].setdefault("tool_calls", []).append(call)
+    else:
+        turns.append({**text_turn("assistant", ""), "tool_calls": [call]})
+
+
+def _arguments(arguments: str, param: str) -> dict[str, Any]:
+    try:
+        value = json.loads(arguments or "{}")
+    except json.JSONDecodeError as exc:
+        raise invalid(param, f"'{param}' is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise invalid(param, f"'{param}' must be a JSON object")
+    return value
+
+
+def _output_text(item: FunctionCallOutputItem) -> str:
+    return item.output if isinstance(item.output, str) else "\n".join(p.text for p in item.output)
+
+
+def chat_prompt(req: ResponsesRequest, conversation: list[Message]) -> ChatPrompt:
+    """`conversation`: the stored turns of previous_response_id, then this request's input turns."""
+    system = [text_turn("system", req.instructions)] if req.instructions else []
+    return ChatPrompt(system + conversation, template_tools(req))
+
+
+def template_tools(req: ResponsesRequest) -> list[Tool] | None:
+    """Tool definitions for the template; none with tool_choice 'none', so the model cannot call one."""
+    if not req.tools or req.tool_choice == "none":
+        return None
+    return [function_tool(t.name, t.description, t.parameters) for t in req.tools]  # type: ignore[union-attr]
+
+
+def previous_not_found(response_id: str) -> ApiError:
+    message = f"Previous response with id '{response_id}' not found."
+    return ApiError(400, message, param="previous_response_id", code="previous_response_not_found")
+
+
+# --- sampling ----------------------------------------------------------------------------------
+
+
+def sampling_params(req: ResponsesRequest) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=req.max_output_tokens,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+    )

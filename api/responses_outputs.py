@@ -1,0 +1,148 @@
+"""A `ChoiceState` (the engine's accumulated output) -> the Responses API's `response` object and items.
+
+Owns the response wire shapes of /v1/responses: one assistant message item with one output_text part,
+the status (completed, or incomplete at max_output_tokens), usage, and the request settings every
+response echoes. No Ray, no MLX.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from api.choice_state import ChoiceState
+from api.responses_schemas import ResponsesRequest
+
+Status = Literal["in_progress", "completed", "incomplete", "failed"]
+
+
+@dataclass(frozen=True)
+class ResponseMeta:
+    id: str
+    item_id: str  # the one output message's id
+    created_at: int
+    model: str
+
+    @classmethod
+    def new(cls, model: str) -> ResponseMeta:
+        return cls(f"resp_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}", int(time.time()), model)
+
+
+class OutputText(BaseModel):
+    type: Literal["output_text"] = "output_text"
+    text: str
+    annotations: list[dict[str, Any]] = Field(default_factory=list)
+    logprobs: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class OutputMessage(BaseModel):
+    type: Literal["message"] = "message"
+    id: str
+    status: Status
+    role: Literal["assistant"] = "assistant"
+    content: list[OutputText]
+
+
+class InputTokensDetails(BaseModel):
+    cached_tokens: int
+
+
+class OutputTokensDetails(BaseModel):
+    reasoning_tokens: int = 0
+
+
+class ResponseUsage(BaseModel):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails = Field(default_factory=OutputTokensDetails)
+    total_tokens: int
+
+
+class ResponseObject(BaseModel):
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int
+    status: Status
+    error: dict[str, Any] | None = None
+    incomplete_details: dict[str, str] | None = None
+    model: str
+    output: list[OutputMessage]
+    usage: ResponseUsage | None = None
+    settings: dict[str, Any] = Field(exclude=True)  # the request's, echoed at the top level by dump()
+
+    def dump(self) -> dict[str, Any]:
+        return {**self.model_dump(), **self.settings}
+
+
+def settings(req: ResponsesRequest) -> dict[str, Any]:
+    """The request's settings as every response echoes them, with OpenAI's defaults filled in."""
+    return {
+        "instructions": req.instructions,
+        "max_output_tokens": req.max_output_tokens,
+        "previous_response_id": req.previous_response_id,
+        "temperature": 1.0 if req.temperature is None else req.temperature,
+        "top_p": 1.0 if req.top_p is None else req.top_p,
+        "tool_choice": req.tool_choice or "auto",
+        "tools": [tool.model_dump() for tool in req.tools or []],
+        "parallel_tool_calls": True if req.parallel_tool_calls is None else req.parallel_tool_calls,
+        "store": req.store is not False,
+        "metadata": req.metadata or {},
+        "text": {"format": {"type": "text"}},
+        "truncation": "disabled",
+    }
+
+
+def final_status(state: ChoiceState) -> Status:
+    return "incomplete" if state.finish_reason == "length" else "completed"
+
+
+def output_message(meta: ResponseMeta, state: ChoiceState, status: Status) -> OutputMessage:
+    return OutputMessage(id=meta.item_id, status=status, content=[OutputText(text=state.text)])
+
+
+def usage(state: ChoiceState) -> ResponseUsage:
+    return ResponseUsage(
+        input_tokens=state.num_prompt_tokens,
+        input_tokens_details=InputTokensDetails(cached_tokens=state.num_cached_tokens),
+        output_tokens=state.num_output_tokens,
+        total_tokens=state.num_prompt_tokens + state.num_output_tokens,
+    )
+
+
+def started_response(meta: ResponseMeta, echo: dict[str, Any]) -> ResponseObject:
+    """The snapshot of response.created and response.in_progress: nothing generated yet."""
+    return ResponseObject(
+        id=meta.id,
+        created_at=meta.created_at,
+        status="in_progress",
+        model=meta.model,
+        output=[],
+        settings=echo,
+    )
+
+
+def finished_response(meta: ResponseMeta, echo: dict[str, Any], state: ChoiceState) -> ResponseObject:
+    status = final_status(state)
+    incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+    return ResponseObject(
+        id=meta.id,
+        created_at=meta.created_at,
+        status=status,
+        incomplete_details=incomplete,
+        model=meta.model,
+        output=[output_message(meta, state, status)],
+        usage=usage(state),
+        settings=echo,
+    )
+
+
+def failed_response(meta: ResponseMeta, echo: dict[str, Any], code: str, message: str) -> ResponseObject:
+    response = started_response(meta, echo)
+    response.status = "failed"
+    response.error = {"code": code, "message": message}
+    return response

@@ -1,0 +1,143 @@
+"""OpenAI Responses request bodies for POST /v1/responses, as strict pydantic models.
+
+Owns the wire names and types of every request field. Unknown fields are rejected (extra="forbid");
+fields that parse but are not honoured are rejected by api/responses_convert.py, so nothing is dropped
+silently. Input items without a `type` are messages, as OpenAI reads them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+class InputText(_Strict):
+    type: Literal["input_text", "output_text"]
+    text: str
+    annotations: list[dict[str, Any]] | None = Field(
+        None, description="Accepted and ignored: annotations of earlier output add no text."
+    )
+    logprobs: list[dict[str, Any]] | None = Field(None, description="Accepted and ignored, as annotations.")
+
+
+class Refusal(_Strict):
+    type: Literal["refusal"]
+    refusal: str
+
+
+class UnsupportedPart(BaseModel):
+    """A content part this text-only server cannot read; rejected by name."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["input_image", "input_file", "input_audio"]
+
+
+ContentPart = Annotated[InputText | Refusal | UnsupportedPart, Field(discriminator="type")]
+
+
+class MessageItem(_Strict):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[ContentPart]
+    id: str | None = Field(None, description="Accepted: output items may be sent back as input.")
+    status: str | None = Field(None, description="Accepted, as `id`.")
+
+
+class FunctionCallItem(_Strict):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str = Field(..., description="The call's arguments as a JSON object, in a string.")
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallOutputItem(_Strict):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[InputText]
+    id: str | None = None
+    status: str | None = None
+
+
+def _item_type(item: Any) -> str:
+    kind = item.get("type", "message") if isinstance(item, dict) else getattr(item, "type", "message")
+    return kind if isinstance(kind, str) else "message"
+
+
+InputItem = Annotated[
+    Annotated[MessageItem, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    Discriminator(_item_type),
+]
+
+
+class FunctionTool(_Strict):
+    type: Literal["function"]
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = Field(None, description="Accepted: this server produces no tool calls yet.")
+
+
+class OtherTool(BaseModel):
+    """A hosted tool (web_search, file_search, mcp, ...): parsed to be refused by name."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+
+
+def _tool_type(tool: Any) -> str:
+    kind = tool.get("type") if isinstance(tool, dict) else getattr(tool, "type", None)
+    return "function" if kind == "function" else "other"
+
+
+Tool = Annotated[
+    Annotated[FunctionTool, Tag("function")] | Annotated[OtherTool, Tag("other")],
+    Discriminator(_tool_type),
+]
+
+
+class TextConfig(_Strict):
+    format: dict[str, Any] | None = Field(None, description="Only {'type': 'text'} is served.")
+    verbosity: str | None = Field(None, description="Refused unless null.")
+
+
+class ResponsesRequest(_Strict):
+    model: str
+    input: str | list[InputItem]
+    instructions: str | None = Field(None, description="A system turn first; not carried to follow-ups.")
+    previous_response_id: str | None = None
+    store: bool | None = Field(None, description="Default true: keep the turn for previous_response_id.")
+    stream: bool | None = None
+    stream_options: dict[str, Any] | None = Field(
+        None, description="Accepted and ignored: no obfuscation padding is ever sent."
+    )
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    tools: list[Tool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = Field(None, description="Accepted: no tool calls are produced yet.")
+    max_tool_calls: int | None = Field(None, ge=0, description="Accepted: no tool calls are produced yet.")
+    metadata: dict[str, str] | None = Field(None, description="Echoed in the response.")
+    text: TextConfig | None = None
+    reasoning: dict[str, Any] | None = Field(None, description="Refused unless empty.")
+    truncation: Literal["auto", "disabled"] | None = Field(None, description="Only 'disabled' is served.")
+    include: list[str] | None = Field(None, description="Refused unless empty.")
+    background: bool | None = Field(None, description="Refused if true.")
+    service_tier: str | None = Field(None, description="Only 'auto' or 'default': a single tier.")
+    top_logprobs: int | None = Field(None, ge=0, le=20, description="Refused above 0.")
+    prompt: dict[str, Any] | None = Field(None, description="Refused: no stored prompt templates.")
+    conversation: str | dict[str, Any] | None = Field(None, description="Refused: no conversations API.")
+    context_management: list[dict[str, Any]] | None = Field(None, description="Refused unless empty.")
+    prompt_cache_key: str | None = Field(None, description="Accepted and ignored: caching is automatic.")
+    prompt_cache_retention: str | None = Field(None, description="Accepted and ignored, as above.")
+    safety_identifier: str | None = Field(None, description="Accepted and ignored (no accounting).")
+    user: str | None = Field(None, description="Accepted and ignored (no accounting).")

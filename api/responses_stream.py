@@ -1,0 +1,108 @@
+"""Responses API streams: output batches -> typed SSE events, each with `event:` and a `sequence_number`.
+
+Owns the event order: response.created, response.in_progress, response.output_item.added,
+response.content_part.added, response.output_text.delta per batch with text, response.output_text.done,
+response.content_part.done, response.output_item.done, then response.completed (or response.incomplete
+at max_output_tokens). A failure after the first byte ends the stream with response.failed.
+No Ray, no MLX.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+from typing import Any
+
+from engine.messages import RequestOutput
+
+from api import sse
+from api.choice_state import ChoiceState
+from api.errors import ApiError
+from api.responses_outputs import (
+    OutputText,
+    ResponseMeta,
+    ResponseObject,
+    failed_response,
+    final_status,
+    finished_response,
+    output_message,
+    started_response,
+)
+
+logger = logging.getLogger(__name__)
+
+Batches = AsyncIterator[tuple[int, list[RequestOutput]]]
+
+
+class _Sequencer:
+    """Frames events, numbering them from 0 in the order they are sent."""
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def __call__(self, name: str, **fields: Any) -> str:
+        frame = sse.named_event(name, {"type": name, "sequence_number": self._next, **fields})
+        self._next += 1
+        return frame
+
+
+async def response_events(
+    meta: ResponseMeta,
+    echo: dict[str, Any],
+    state: ChoiceState,
+    batches: Batches,
+    on_finished: Callable[[ChoiceState], None],
+) -> AsyncIterator[str]:
+    """`on_finished` runs before the final event, so a follow-up sent on seeing it finds the response."""
+    event = _Sequencer()
+    started = started_response(meta, echo).dump()
+    yield event("response.created", response=started)
+    yield event("response.in_progress", response=started)
+    yield event("response.output_item.added", output_index=0, item=_item(meta, state, "in_progress"))
+    yield event("response.content_part.added", **_part_fields(meta), part=OutputText(text="").model_dump())
+    try:
+        async with aclosing(batches):  # closing it cancels whatever generation is still running
+            async for _, batch in batches:
+                if text := state.add(batch).text:
+                    yield event("response.output_text.delta", **_part_fields(meta), delta=text, logprobs=[])
+    except ApiError as exc:
+        yield event("response.failed", response=_failed(meta, echo, exc).dump())
+        return
+    except Exception as exc:
+        logger.exception("stream failed")
+        error = ApiError(500, f"the stream failed: {type(exc).__name__}: {exc}", code="server_error")
+        yield event("response.failed", response=_failed(meta, echo, error).dump())
+        return
+    on_finished(state)
+    for frame in _closing_events(event, meta, echo, state):
+        yield frame
+
+
+def _closing_events(
+    event: _Sequencer, meta: ResponseMeta, echo: dict[str, Any], state: ChoiceState
+) -> list[str]:
+    final = finished_response(meta, echo, state)
+    return [
+        event("response.output_text.done", **_part_fields(meta), text=state.text, logprobs=[]),
+        event(
+            "response.content_part.done", **_part_fields(meta), part=OutputText(text=state.text).model_dump()
+        ),
+        event("response.output_item.done", output_index=0, item=_item(meta, state, final_status(state))),
+        event(f"response.{final.status}", response=final.dump()),
+    ]
+
+
+def _part_fields(meta: ResponseMeta) -> dict[str, Any]:
+    return {"item_id": meta.item_id, "output_index": 0, "content_index": 0}
+
+
+def _item(meta: ResponseMeta, state: ChoiceState, status: Any) -> dict[str, Any]:
+    item = output_message(meta, state, status).model_dump()
+    if status == "in_progress":
+        item["content"] = []
+    return item
+
+
+def _failed(meta: ResponseMeta, echo: dict[str, Any], exc: ApiError) -> ResponseObject:
+    return failed_response(meta, echo, exc.code or "server_error", exc.message)

@@ -1,0 +1,61 @@
+"""The Anthropic Messages routes of the Ingress: POST /v1/messages and /v1/messages/count_tokens.
+
+Owns the order of work per request (parse, resolve the model, check fields, render the prompt, generate,
+convert); api/anthropic_* own the wire format, the Scheduler owns generation. Errors raised here are
+rendered in Anthropic's shape by the app's handlers (every path under /v1/messages). No MLX.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from engine.messages import GenerateRequest
+
+from fastapi.responses import JSONResponse, Response
+from ray.serve.handle import DeploymentHandle
+from starlette.requests import Request
+
+from api import sse
+from api.anthropic_convert import chat_prompt, check_supported, sampling_params
+from api.anthropic_outputs import MessageMeta, message
+from api.anthropic_schemas import CountTokensRequest, MessagesRequest
+from api.anthropic_stream import message_events
+from api.body import parse_body
+from deployments import chat_generation
+
+PROMPT_PARAM = "messages"
+
+
+class AnthropicRoutes:
+    def __init__(
+        self,
+        scheduler: DeploymentHandle,
+        tokenizer: DeploymentHandle,
+        resolve_model: Callable[[str], Awaitable[str]],
+    ):
+        self._scheduler = scheduler
+        self._tokenizer = tokenizer
+        self._resolve_model = resolve_model
+
+    async def create(self, request: Request) -> Response:
+        req = await parse_body(request, MessagesRequest)
+        meta = MessageMeta.new(await self._resolve_model(req.model))
+        check_supported(req)
+        params = sampling_params(req)
+        ids = await chat_generation.prompt_ids(self._tokenizer, chat_prompt(req), PROMPT_PARAM)
+        generation, state = await chat_generation.start(
+            self._scheduler, GenerateRequest(meta.id, ids, params), PROMPT_PARAM
+        )
+        if not req.stream:
+            await chat_generation.collect(generation, state)
+            return JSONResponse(message(meta, state).dump())
+        frames = message_events(meta, state, generation.batches())
+        return sse.EventStreamResponse(frames, on_close=generation.cancel)
+
+    async def count_tokens(self, request: Request) -> Response:
+        """The prompt's length exactly as /v1/messages would count it in `usage.input_tokens`."""
+        req = await parse_body(request, CountTokensRequest)
+        await self._resolve_model(req.model)
+        check_supported(req)
+        ids = await chat_generation.prompt_ids(self._tokenizer, chat_prompt(req), PROMPT_PARAM)
+        return JSONResponse({"input_tokens": len(ids)})

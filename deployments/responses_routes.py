@@ -1,0 +1,79 @@
+"""The OpenAI Responses route of the Ingress: POST /v1/responses.
+
+Owns the order of work per request (parse, resolve the model, check fields, look up the previous
+response, render the prompt, generate, convert, remember the turn); api/responses_* own the wire format,
+the Scheduler owns generation, deployments/response_store.py the remembered conversations. No MLX.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from engine.messages import GenerateRequest
+
+from fastapi.responses import JSONResponse, Response
+from ray.serve.handle import DeploymentHandle
+from starlette.requests import Request
+
+from api import sse
+from api.body import parse_body
+from api.choice_state import ChoiceState
+from api.responses_convert import (
+    chat_prompt,
+    check_supported,
+    input_turns,
+    previous_not_found,
+    sampling_params,
+)
+from api.responses_outputs import ResponseMeta, finished_response, settings
+from api.responses_schemas import ResponsesRequest
+from api.responses_stream import response_events
+from api.template_messages import Message, assistant_turn
+from deployments import chat_generation
+from deployments.response_store import ResponseStore
+
+PROMPT_PARAM = "input"
+
+
+class ResponsesRoutes:
+    def __init__(
+        self,
+        scheduler: DeploymentHandle,
+        tokenizer: DeploymentHandle,
+        resolve_model: Callable[[str], Awaitable[str]],
+        store: ResponseStore | None = None,
+    ):
+        self._scheduler = scheduler
+        self._tokenizer = tokenizer
+        self._resolve_model = resolve_model
+        self._store = store or ResponseStore()
+
+    async def create(self, request: Request) -> Response:
+        req = await parse_body(request, ResponsesRequest)
+        meta = ResponseMeta.new(await self._resolve_model(req.model))
+        check_supported(req)
+        params = sampling_params(req)
+        conversation = self._history(req.previous_response_id) + input_turns(req)
+        ids = await chat_generation.prompt_ids(self._tokenizer, chat_prompt(req, conversation), PROMPT_PARAM)
+        generation, state = await chat_generation.start(
+            self._scheduler, GenerateRequest(meta.id, ids, params), PROMPT_PARAM
+        )
+
+        def remember(finished: ChoiceState) -> None:
+            if req.store is not False:
+                self._store.put(meta.id, [*conversation, assistant_turn(finished.text, [])])
+
+        if not req.stream:
+            await chat_generation.collect(generation, state)
+            remember(state)
+            return JSONResponse(finished_response(meta, settings(req), state).dump())
+        frames = response_events(meta, settings(req), state, generation.batches(), remember)
+        return sse.EventStreamResponse(frames, on_close=generation.cancel)
+
+    def _history(self, previous_response_id: str | None) -> list[Message]:
+        if previous_response_id is None:
+            return []
+        turns = self._store.get(previous_response_id)
+        if turns is None:
+            raise previous_not_found(previous_response_id)
+        return turns

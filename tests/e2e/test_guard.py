@@ -1,0 +1,168 @@
+"""API keys, limits and CORS on a second, guarded app in the same Ray Serve instance (route /guarded).
+
+A real engine behind it with room for one running and one waiting request, so a third is refused.
+Each test uses its own API key, so the per-key rate limit of one test does not reach the others.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "smol-guarded"
+PREFIX = "/guarded"
+KEYS = {name: f"sk-{name}" for name in ("auth", "rate", "queue", "timeout")}
+TIMEOUT_S = 10  # room for the queue test on a loaded 2-core machine; the timeout test waits this twice
+GUARDED_ARGS = {
+    "engine": {
+        "served_model_name": MODEL,
+        "max_num_seqs": 1,
+        "max_waiting_requests": 1,
+        "max_model_len": 2048,
+        "kv_cache_memory_bytes": 128 * 1024 * 1024,
+    },
+    "scheduler": {"num_replicas": 1, "num_cpus": 0.1, "num_threads": 1, "max_ongoing_requests": 8},
+    "tokenizer": {"num_cpus": 0.05},
+    "embedder": {"enabled": False},
+    "ingress": {"num_cpus": 0.05},
+    "security": {"api_keys": list(KEYS.values()), "cors_allow_origins": ["https://ui.example"]},
+    "limits": {
+        "max_body_bytes": 4096,
+        "request_timeout_s": TIMEOUT_S,
+        "rate_limit": {"requests_per_minute": 6, "burst": 60},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def guarded(base_url: str) -> Iterator[httpx.Client]:
+    from ray import serve
+
+    from deployments.app import build_app
+
+    serve.run(build_app(GUARDED_ARGS), name="guarded", route_prefix=PREFIX)
+    try:
+        with httpx.Client(base_url=base_url + PREFIX, timeout=120) as client:
+            yield client
+    finally:
+        serve.delete("guarded")
+
+
+def key(name: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {KEYS[name]}"}
+
+
+def chat_body(max_tokens: int = 2, **extra) -> dict:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": max_tokens,
+        **extra,
+    }
+
+
+def test_requests_without_or_with_a_wrong_key_are_401(guarded):
+    missing = guarded.post("/v1/chat/completions", json=chat_body())
+    assert missing.status_code == 401 and missing.json()["error"]["code"] == "missing_api_key"
+    wrong = guarded.get("/v1/models", headers={"authorization": "Bearer sk-wrong"})
+    assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
+    anthropic = guarded.post("/v1/messages", json={}, headers={"x-api-key": "sk-wrong"})
+    assert anthropic.status_code == 401
+    assert anthropic.json()["type"] == "error" and anthropic.json()["error"]["type"] == "authentication_error"
+
+
+def test_bearer_and_x_api_key_are_accepted_and_probes_stay_open(guarded):
+    assert guarded.post("/v1/chat/completions", json=chat_body(), headers=key("auth")).status_code == 200
+    assert guarded.get("/v1/models", headers={"x-api-key": KEYS["auth"]}).status_code == 200
+    assert guarded.get("/health").status_code == 200
+    scrape = guarded.get("/metrics")
+    assert scrape.status_code == 200 and f'model_name="{MODEL}"' in scrape.text
+
+
+def test_a_body_over_the_limit_is_413(guarded):
+    body = chat_body(stop=["x" * 5000])
+    response = guarded.post("/v1/chat/completions", json=body, headers=key("auth"))
+    assert response.status_code == 413 and response.json()["error"]["code"] == "request_too_large"
+
+
+def test_past_the_burst_a_client_gets_429_with_retry_after(guarded):
+    statuses = [guarded.get("/v1/models", headers=key("rate")).status_code for _ in range(60)]
+    refused = guarded.get("/v1/models", headers=key("rate"))
+    assert statuses == [200] * 60 and refused.status_code == 429
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert 1 <= int(refused.headers["retry-after"]) <= 10
+    assert guarded.get("/v1/models", headers=key("auth")).status_code == 200  # other keys go on
+
+
+def test_cors_preflight_is_answered_for_the_configured_origin(guarded):
+    headers = {
+        "origin": "https://ui.example",
+        "access-control-request-method": "POST",
+        "access-control-request-headers": "authorization, content-type",
+    }
+    response = guarded.options("/v1/chat/completions", headers=headers)
+    assert response.status_code == 200
+    assert response.headers["access-control-allow-origin"] == "https://ui.example"
+    assert "POST" in response.headers["access-control-allow-methods"]
+
+
+def wait_for(guarded: httpx.Client, name: str, condition) -> dict:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        response = guarded.get("/v1/status", headers=key(name))
+        assert response.status_code == 200, response.text
+        total = response.json()["total"]
+        if condition(total):
+            return total
+        time.sleep(0.25)
+    raise TimeoutError(f"status never met the condition; last: {total}")
+
+
+def test_a_full_queue_is_503_with_retry_after_and_529_on_anthropic_routes(guarded):
+    # A client per concurrent request; `lines` stays referenced: a collected iter_lines() closes the stream.
+    url, headers = str(guarded.base_url), key("queue")
+    long = chat_body(max_tokens=900, ignore_eos=True, stream=True)
+    with httpx.Client(base_url=url, timeout=120) as first, httpx.Client(base_url=url, timeout=120) as second:
+        with first.stream("POST", "/v1/chat/completions", json=long, headers=headers) as running:
+            lines = running.iter_lines()
+            next(lines)
+            waiting = threading.Thread(
+                target=second.post,
+                args=("/v1/chat/completions",),
+                kwargs={"json": chat_body(), "headers": headers},
+            )
+            waiting.start()
+            wait_for(guarded, "queue", lambda total: total["num_waiting"] == 1)
+            refused = guarded.post("/v1/chat/completions", json=chat_body(), headers=headers)
+            anthropic = guarded.post(
+                "/v1/messages",
+                json={"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]},
+                headers={"x-api-key": KEYS["queue"]},
+            )
+        waiting.join(timeout=60)
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert refused.json()["error"]["code"] == "queue_full"
+    assert anthropic.status_code == 529, anthropic.text
+    assert anthropic.json()["error"]["type"] == "overloaded_error" and "retry-after" in anthropic.headers
+
+
+def test_past_the_timeout_a_request_is_408_or_an_error_event_and_aborted(guarded):
+    long = chat_body(max_tokens=1900, ignore_eos=True)  # decoding this takes well over TIMEOUT_S on a CPU
+    started = time.monotonic()
+    response = guarded.post("/v1/chat/completions", json=long, headers=key("timeout"))
+    assert response.status_code == 408 and response.json()["error"]["code"] == "request_timeout"
+    assert TIMEOUT_S <= time.monotonic() - started < TIMEOUT_S + 5
+    total = wait_for(guarded, "timeout", lambda total: total["num_running"] == 0)
+    assert total["num_blocks_used"] == 0
+    with guarded.stream(
+        "POST", "/v1/chat/completions", json={**long, "stream": True}, headers=key("timeout")
+    ) as s:
+        frames = [line for line in s.iter_lines() if line]
+    assert '"code":"request_timeout"' in frames[-2] and frames[-1] == "data: [DONE]"
+    wait_for(guarded, "timeout", lambda total: total["num_running"] == 0 and total["num_blocks_used"] == 0)

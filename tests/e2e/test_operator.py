@@ -1,0 +1,157 @@
+"""The operator surface of the real app: /metrics under vLLM's names, /v1/status, error shapes, OpenAPI."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "smol-e2e"
+VLLM_NAMES = [
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:prompt_tokens",
+    "vllm:generation_tokens",
+    "vllm:prefix_cache_queries",
+    "vllm:prefix_cache_hits",
+    "vllm:num_preemptions",
+    "vllm:request_success",
+    "vllm:time_to_first_token_seconds",
+    "vllm:inter_token_latency_seconds",
+    "vllm:e2e_request_latency_seconds",
+]
+
+
+def chat(http: httpx.Client, max_tokens: int = 4) -> dict:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": max_tokens}
+    response = http.post("/v1/chat/completions", json={**body, "temperature": 0})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def metrics(http: httpx.Client) -> dict[str, dict[tuple, float]]:
+    response = http.get("/metrics")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    families = {}
+    for family in text_string_to_metric_families(response.text):
+        families[family.name] = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in family.samples}
+    return families
+
+
+def value(families: dict, name: str, sample: str | None = None, **labels: str) -> float:
+    wanted = {"model_name": MODEL, **labels}
+    return next(
+        v
+        for (sample_name, sample_labels), v in families[name].items()
+        if sample_name == (sample or name) and wanted.items() <= dict(sample_labels).items()
+    )
+
+
+def wait_idle(http: httpx.Client) -> None:
+    """Until no request of an earlier test is still running, so that counters move for ours alone."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        total = http.get("/v1/status").json()["total"]
+        if total["num_running"] == 0 and total["num_waiting"] == 0:
+            return
+        time.sleep(0.2)
+    raise TimeoutError("the engines did not go idle")
+
+
+def test_metrics_carry_every_vllm_name_with_sane_values(http):
+    wait_idle(http)
+    before = metrics(http)
+    usage = chat(http, max_tokens=4)["usage"]
+    after = metrics(http)
+    assert set(VLLM_NAMES) <= after.keys()
+
+    def grew(name: str, sample: str | None = None, **labels: str) -> float:
+        return value(after, name, sample, **labels) - value(before, name, sample, **labels)
+
+    assert grew("vllm:prompt_tokens", "vllm:prompt_tokens_total") == usage["prompt_tokens"]
+    assert grew("vllm:generation_tokens", "vllm:generation_tokens_total") == 4
+    assert grew("vllm:prefix_cache_queries", "vllm:prefix_cache_queries_total") >= 0
+    reason = "length"
+    assert grew("vllm:request_success", "vllm:request_success_total", finished_reason=reason) == 1
+    ttft = "vllm:time_to_first_token_seconds"
+    assert grew(ttft, ttft + "_count") == 1 and 0 < grew(ttft, ttft + "_sum") < 60
+    itl = "vllm:inter_token_latency_seconds"
+    assert grew(itl, itl + "_count") == 3
+    e2e = "vllm:e2e_request_latency_seconds"
+    assert grew(e2e, e2e + "_count") == 1 and value(after, e2e, e2e + "_bucket", le="+Inf") >= 1
+    assert 0 <= value(after, "vllm:kv_cache_usage_perc") <= 1
+    assert value(after, "vllm:num_requests_running") >= 0
+
+
+def test_status_reports_engine_state_and_one_row_per_live_request(http):
+    chat(http)
+    body = {
+        "model": MODEL,
+        "prompt": "Once upon a time,",
+        "max_tokens": 200,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with http.stream("POST", "/v1/completions", json=body) as response:
+        lines = response.iter_lines()
+        for _ in range(4):
+            next(lines)
+        status = http.get("/v1/status").json()
+    total = status["total"]
+    assert status["num_replicas"] == 2 and status["errors"] == []
+    assert total["uptime_s"] > 0 and total["num_steps"] > 0
+    assert total["prompt_tokens_total"] > 0 and total["generation_tokens_total"] > 0
+    assert total["num_blocks_used"] > 0 and 0 < total["kv_cache_usage"] <= 1
+    assert total["num_blocks_free"] + total["num_blocks_used"] == total["num_blocks_total"]
+    assert total["prefix_cache_hit_rate"] is None or 0 <= total["prefix_cache_hit_rate"] <= 1
+    assert total["device_memory_bytes"] >= 0
+    assert total["latency"]["time_to_first_token_s"]["count"] >= 1
+    (row,) = [r for r in total["live_requests"] if r["phase"] == "decode"]
+    assert row["num_prompt_tokens"] > 0 and row["num_output_tokens"] >= 2
+    assert row["ttft_s"] > 0 and row["tokens_per_s"] > 0 and row["num_cached_tokens"] >= 0
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "shape"),
+    [
+        ("GET", "/v1/nope", 404, "openai"),
+        ("GET", "/v1/chat/completions", 405, "openai"),
+        ("POST", "/v1/messages/nope", 404, "anthropic"),
+    ],
+)
+def test_unknown_routes_and_methods_answer_in_the_dialect(http, method, path, status, shape):
+    response = http.request(method, path)
+    assert response.status_code == status
+    body = response.json()
+    if shape == "openai":
+        assert set(body) == {"error"} and body["error"]["type"] == "invalid_request_error"
+    else:
+        assert body["type"] == "error" and body["error"]["type"] == "not_found_error"
+
+
+def test_malformed_json_is_400_invalid_json(http):
+    response = http.post(
+        "/v1/chat/completions", content=b"{nope", headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"
+
+
+def test_context_overflow_names_the_limit(http):
+    body = {"model": MODEL, "prompt": [1] * 2000, "max_tokens": 1}
+    error = http.post("/v1/completions", json=body).json()["error"]
+    assert error["code"] == "context_length_exceeded"
+    assert error["message"].startswith("This model's maximum context length is 1024 tokens")
+
+
+def test_openapi_describes_every_route_and_its_body(http):
+    document = http.get("/openapi.json").json()
+    paths = document["paths"]
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/messages"):
+        schema = paths[path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert schema["$ref"].split("/")[-1] in document["components"]["schemas"]
+    assert {"/health", "/metrics", "/v1/status", "/v1/models"} <= paths.keys()
