@@ -123,7 +123,15 @@ class Ingress:
                 id=self._model_id(info), created=0, root=info.model_name, max_model_len=info.max_model_len
             )
         ]
+        if self._embedder is not None:
+            if self._embedding_model is None:
+                self._embedding_model = await self._embedder.model_name.remote()
+            name = self._embedding_model
+            cards.append(ModelCard(id=name, created=0, root=name, max_model_len=await self._embedding_len()))
         return ModelList(data=cards).dump()
+
+    async def _embedding_len(self) -> int:
+        return await self._embedder.max_input_tokens.remote()
 
     @app.get("/v1/status")
     async def status(self) -> dict[str, Any]:

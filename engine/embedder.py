@@ -63,6 +63,11 @@ class Embedder:
     ) -> tuple[list[list[float]], int]:
         """Returns (one unit vector per input, total input tokens). `dimensions` keeps the first
         that many components and re-normalises (Matryoshka-style truncation)."""
+        token_ids = self.prepare(inputs, dimensions)
+        return self.embed_prepared([(token_ids, dimensions)])[0], sum(map(len, token_ids))
+
+    def prepare(self, inputs: list[str] | list[list[int]], dimensions: int | None = None) -> list[list[int]]:
+        """Validated, model-ready token ids for one request; raises InvalidRequestError."""
         self._check_dimensions(dimensions)
         token_ids = self._token_ids(inputs)
         for i, ids in enumerate(token_ids):
@@ -72,10 +77,17 @@ class Embedder:
                     f"{self.model_name} (special tokens included); shorten or split it",
                     param="input",
                 )
-        vectors = self._embed_ids(token_ids)
-        if dimensions is not None:
-            vectors = _normalize(vectors[:, :dimensions])
-        return vectors.tolist(), sum(map(len, token_ids))
+        return token_ids
+
+    def embed_prepared(self, requests: list[tuple[list[list[int]], int | None]]) -> list[list[list[float]]]:
+        """Embeds several requests' prepared ids in shared forwards; returns each request's vectors."""
+        vectors = self._embed_ids([ids for token_ids, _ in requests for ids in token_ids])
+        results, start = [], 0
+        for token_ids, dimensions in requests:
+            mine = vectors[start : start + len(token_ids)]
+            start += len(token_ids)
+            results.append((mine if dimensions is None else _normalize(mine[:, :dimensions])).tolist())
+        return results
 
     def count_tokens(self, inputs: list[str] | list[list[int]]) -> int:
         """Tokens the model would see for `inputs`, special tokens included; no length limit applied."""

@@ -25,8 +25,8 @@ def status(http: httpx.Client) -> dict:
     return response.json()
 
 
-def test_models_lists_the_served_name(client):
-    assert [m.id for m in client.models.list().data] == [MODEL]
+def test_models_lists_the_served_name_and_the_embedding_model(client):
+    assert [m.id for m in client.models.list().data] == [MODEL, "all-MiniLM-L6-v2"]
 
 
 @pytest.mark.parametrize("model", ["default", MODEL])
