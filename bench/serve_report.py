@@ -1,0 +1,104 @@
+"""Markdown table and machine description for `bench/serve.py`; formatting only, no I/O to servers."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+COLUMNS = [
+    ("server", "server"),
+    ("concurrency", "conc"),
+    ("ttft_p50_ms", "TTFT p50 ms"),
+    ("ttft_p90_ms", "TTFT p90 ms"),
+    ("itl_mean_ms", "ITL ms"),
+    ("aggregate_tok_s", "tok/s"),
+    ("completion_tokens_mean", "tokens/req"),
+    ("prompt_tokens_mean", "prompt tok"),
+    ("errors", "errors"),
+]
+
+
+def markdown_table(servers: list[dict]) -> str:
+    lines = ["| " + " | ".join(h for _, h in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for server in servers:
+        if server.get("error"):
+            cells = [
+                server["name"],
+                "-",
+                *["-"] * (len(COLUMNS) - 3),
+                f"failed: {_one_line(server['error'])}",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+            continue
+        for level in server["levels"]:
+            row = {
+                **level,
+                "server": server["name"],
+                "errors": f"{level['num_errors']}/{level['num_requests']}",
+            }
+            lines.append("| " + " | ".join(_fmt(row.get(key)) for key, _ in COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.1f}"
+    return str(value)
+
+
+def _one_line(text: str, limit: int = 160) -> str:
+    return " ".join(text.split())[:limit].replace("|", "/")
+
+
+def notes(servers: list[dict]) -> str:
+    out = []
+    for s in servers:
+        blas = s.get("blas") or {}
+        out.append(
+            f"- {s['name']}: versions {s.get('versions')}, EOS suppressed by {s.get('eos_mode')}, "
+            f"patched OpenBLAS in every MLX process: {blas.get('ok')} (OPENBLAS_NUM_THREADS {blas.get('openblas_num_threads')}), "
+            f"tokens counted from {sorted({src for lv in s.get('levels', []) for src in lv['token_count_sources']})}"
+        )
+        for level in s.get("levels", []):
+            for sample in level["error_samples"]:
+                out.append(f"  - conc {level['concurrency']} error: {_one_line(sample, 300)}")
+    return "\n".join(out)
+
+
+def machine() -> dict:
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "memory_gib": _mem_gib(),
+        "python": platform.python_version(),
+    }
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _cpu_model() -> str | None:
+    for line in _text("/proc/cpuinfo").splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def _mem_gib() -> float | None:
+    for line in _text("/proc/meminfo").splitlines():
+        if line.startswith("MemTotal:"):
+            return round(int(line.split()[1]) / 2**20, 1)
+    return None
+
+
+def _text(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
