@@ -22,6 +22,7 @@ from api.anthropic_schemas import CountTokensRequest, MessagesRequest
 from api.anthropic_stream import message_events
 from api.body import parse_body
 from deployments import chat_generation
+from deployments.messages import ModelInfo
 
 PROMPT_PARAM = "messages"
 
@@ -32,10 +33,12 @@ class AnthropicRoutes:
         scheduler: DeploymentHandle,
         tokenizer: DeploymentHandle,
         resolve_model: Callable[[str], Awaitable[str]],
+        model_info: Callable[[], Awaitable[ModelInfo]],
     ):
         self._scheduler = scheduler
         self._tokenizer = tokenizer
         self._resolve_model = resolve_model
+        self._model_info = model_info
 
     async def create(self, request: Request) -> Response:
         req = await parse_body(request, MessagesRequest)
@@ -43,6 +46,11 @@ class AnthropicRoutes:
         check_supported(req)
         params = sampling_params(req)
         ids = await chat_generation.prompt_ids(self._tokenizer, chat_prompt(req), PROMPT_PARAM)
+        # Anthropic's max_tokens is a ceiling, and Claude Code sends its own model's (32000) whatever
+        # the served context: cap it to the room the prompt leaves; a prompt with no room still fails.
+        room = (await self._model_info()).max_model_len - len(ids)
+        if room > 0 and params.max_tokens is not None and params.max_tokens > room:
+            params.max_tokens = room
         generation, state = await chat_generation.start(
             self._scheduler, GenerateRequest(meta.id, ids, params), PROMPT_PARAM
         )

@@ -108,7 +108,7 @@ class Ingress:
         self._served_model_name = served_model_name
         self._info: ModelInfo | None = None
         self._embedding_model: str | None = None
-        self._anthropic = AnthropicRoutes(scheduler, tokenizer, self._resolve_model)
+        self._anthropic = AnthropicRoutes(scheduler, tokenizer, self._resolve_model, self._model_info)
         self._responses = ResponsesRoutes(scheduler, tokenizer, self._resolve_model)
 
     @app.get("/health")

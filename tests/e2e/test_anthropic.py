@@ -78,6 +78,13 @@ def test_stop_sequence_cuts_the_text(claude):
     assert stop not in message.content[0].text and full.startswith(message.content[0].text)
 
 
+def test_claude_code_max_tokens_beyond_the_context_is_capped_not_refused(claude):
+    # Claude Code sends max_tokens 32000 whatever the model; the e2e app serves 1,024 tokens of context.
+    message = create(claude, max_tokens=32000, stop_sequences=["\n\n"])
+    assert message.stop_reason in ("end_turn", "max_tokens", "stop_sequence")
+    assert message.usage.input_tokens + message.usage.output_tokens <= 1024
+
+
 def test_max_tokens_1_stops_at_max_tokens(claude):
     message = create(claude, max_tokens=1)
     assert message.stop_reason == "max_tokens" and message.usage.output_tokens == 1
@@ -164,10 +171,9 @@ def test_openai_routes_keep_openai_errors(http):
 
 
 def test_prompt_errors_before_the_stream_are_plain_responses(http):
-    body = {"model": MODEL, "max_tokens": 5000, "messages": HELLO, "stream": True}
+    # max_tokens is capped to the context (see above), so the error here is a prompt with no room left.
+    long_prompt = [{"role": "user", "content": "word " * 1500}]
+    body = {"model": MODEL, "max_tokens": 16, "messages": long_prompt, "stream": True}
     response = http.post("/v1/messages", json=body)
     assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
-    assert (
-        "max_tokens" in response.json()["error"]["message"]
-        or "context" in response.json()["error"]["message"]
-    )
+    assert "context length" in response.json()["error"]["message"]
