@@ -66,15 +66,14 @@ class StepLayout:
         padded = [t + [0] * (max_blocks - len(t)) for t in block_tables]
         self.block_table = mx.array(padded, dtype=mx.int32)
         self.offset = offsets[0] if self.batch == 1 else mx.array(offsets, dtype=mx.int32)
-        self.write_slots = mx.array(self._slots(offsets, num_new, block_tables, block_size), dtype=mx.int32)
+        slots = self._slots(offsets, num_new, block_tables, block_size)
+        self.write_slots = mx.array(slots, dtype=mx.int32)
         self._masks: dict[int | None, mx.array] = {}
         self._rows: dict[tuple[int, int], tuple[mx.array, mx.array]] = {}
         # Fast paths for one row: a slice write for one token, a slice read when its blocks are
         # consecutive ids (the usual case: the free queue hands out runs). Slices skip scatter/gather.
         table = block_tables[0]
-        self.single_slot = divmod(offsets[0], block_size) if self.batch == 1 and num_new == 1 else None
-        if self.single_slot is not None:
-            self.single_slot = (table[self.single_slot[0]], self.single_slot[1])
+        self.single_slot = divmod(slots[0], block_size) if len(slots) == 1 else None
         consecutive = self.batch == 1 and table == list(range(table[0], table[0] + len(table)))
         self.block_run = (table[0], len(table)) if consecutive else None
 
