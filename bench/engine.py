@@ -33,6 +33,7 @@ from engine.messages import GenerateRequest, SamplingParams
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, generate_step
 
+WARMUP_TOKENS = 8
 WORDS = [
     "the",
     "quick",
@@ -100,6 +101,7 @@ def batchgen_decode(model, batch: list[list[int]], max_tokens: int) -> dict:
 
 
 def single_stream(llm: LLMEngine, ids: list[int], max_tokens: int) -> dict:
+    engine_decode(llm, [ids], WARMUP_TOKENS)
     ours = engine_decode(llm, [ids], max_tokens)["tok_s"]
     t0, n = None, 0
     for _token, _ in generate_step(mx.array(ids), llm.runner.model, max_tokens=max_tokens):
@@ -181,6 +183,10 @@ def main() -> None:
     )
     for b in [int(x) for x in args.batches.split(",")]:
         batch = prompts(llm, b, 40)
+        # Warm both sides at this batch size first: MLX's buffer cache and the first-use costs of
+        # new shapes would otherwise count against whichever runs first.
+        engine_decode(llm, batch, WARMUP_TOKENS)
+        batchgen_decode(model, batch, WARMUP_TOKENS)
         ours = engine_decode(llm, batch, args.max_tokens)
         theirs = batchgen_decode(model, batch, args.max_tokens)
         row = {

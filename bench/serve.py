@@ -282,8 +282,10 @@ def main() -> None:
     print(serve_report.notes(results["servers"]))
     out = REPO / args.out if not Path(args.out).is_absolute() else Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    # Results are committed: the home directory becomes "~" so no machine's paths land in git.
-    out.write_text(json.dumps(results, indent=2, default=str).replace(str(Path.home()), "~"))
+    # Results are committed: the checkout becomes "." and the home directory "~", so no machine's
+    # paths land in git.
+    text = json.dumps(results, indent=2, default=str).replace(str(REPO), ".").replace(str(Path.home()), "~")
+    out.write_text(text)
     print(f"\nwrote {out}")
 
 

@@ -98,12 +98,19 @@ def load_fast_blas() -> BlasState:
         _state = BlasState("native", None, "not Linux: MLX uses Accelerate, Metal or CUDA here")
     elif os.environ.get(_ENV_DISABLE) == "reference":
         _state = BlasState("reference", None, f"{_ENV_DISABLE}=reference")
+    elif _has_cuda_backend():
+        _state = BlasState("native", None, "MLX's CUDA backend is installed: the GPU does the matmuls")
     elif "mlx.core" in sys.modules:
         _state = BlasState("reference", None, "mlx.core was imported before engine; import engine first")
         logger.warning("OpenBLAS not loaded: %s", _state.reason)
     else:
         _state = _load_openblas()
     return _state
+
+
+def _has_cuda_backend() -> bool:
+    """The `mlx-cuda-*` wheels replace mlx-cpu's library, so there is no reference BLAS to shadow."""
+    return any(_find_one(f"{name}-*.dist-info") for name in ("mlx_cuda_13", "mlx_cuda_12", "mlx_cuda"))
 
 
 def default_blas_threads() -> int:

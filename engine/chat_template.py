@@ -3,7 +3,8 @@
 Owns one rule: a template never drops part of a request silently. A template that never mentions
 `tool_calls` would render an assistant's tool calls as an empty turn, so tool calls and tool results are
 flattened to text first; a template that never mentions `tools` cannot show tool definitions at all, so
-the caller refuses such a request. Pure functions on chat-template message dicts; no MLX, no Ray.
+they are described in the system turn in the Hermes format (`<tool_call>` JSON), which the `auto`
+tool-call parser then reads. Pure functions on chat-template message dicts; no MLX, no Ray.
 """
 
 from __future__ import annotations
@@ -64,3 +65,21 @@ def _call_text(call: Message) -> str:
     function = call["function"]
     payload = {"name": function["name"], "arguments": function["arguments"]}
     return f"Tool call {call.get('id', '')}: {json.dumps(payload, ensure_ascii=False)}"
+
+
+_TOOLS_PROMPT = (
+    "You may call one or more functions to assist with the user query. The functions are:\n<tools>\n{tools}\n"
+    "</tools>\n\nTo call a function, answer with a JSON object with the function name and arguments "
+    'inside <tool_call></tool_call> tags:\n<tool_call>\n{{"name": <function-name>, "arguments": '
+    "<args-json-object>}}\n</tool_call>"
+)
+
+
+def add_tools_prompt(messages: list[Message], tools: list[Message]) -> list[Message]:
+    """Tool definitions as text in the system turn (a new one first if there is none)."""
+    listing = "\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools)
+    prompt = _TOOLS_PROMPT.format(tools=listing)
+    if messages and messages[0].get("role") == "system":
+        first = messages[0]
+        return [{**first, "content": f"{first.get('content') or ''}\n\n{prompt}".lstrip()}, *messages[1:]]
+    return [{"role": "system", "content": prompt}, *messages]

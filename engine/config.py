@@ -47,6 +47,14 @@ class EngineConfig(BaseModel):
     )
     enable_prefix_caching: bool = Field(True, description="Share full KV blocks between requests by prefix.")
     seed: int = Field(0, description="Seed for requests that give none.")
+    async_scheduling: bool | None = Field(
+        None,
+        description=(
+            "Launch the next step before reading the current one's greedy tokens, which stay on the device. "
+            "None: on where MLX's default device is a GPU. On the CPU backend MLX blocks a launch until the "
+            "device is nearly idle, so there it only adds a step of latency to every token."
+        ),
+    )
 
     @model_validator(mode="after")
     def _check_budget(self) -> EngineConfig:

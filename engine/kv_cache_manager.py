@@ -27,8 +27,14 @@ class PrefixMatch:
 NO_MATCH = PrefixMatch([], [])
 
 
-def chain_hash(parent: int | None, tokens: list[int]) -> int:
-    return hash((parent, tuple(tokens)))
+def chain_hash(parent: int | None, tokens: list[int], extra: int | None = None) -> int:
+    """`extra` keys what the tokens alone do not show: the images behind a block's image tokens."""
+    return hash((parent, tuple(tokens))) if extra is None else hash((parent, tuple(tokens), extra))
+
+
+def _block_extra(request: Request, index: int, block_size: int) -> int | None:
+    vision = request.vision
+    return None if vision is None else vision.block_key(index * block_size, (index + 1) * block_size)
 
 
 class KVCacheManager:
@@ -52,7 +58,7 @@ class KVCacheManager:
         parent: int | None = None
         for i in range(max_blocks):
             tokens = request.all_token_ids[i * self.block_size : (i + 1) * self.block_size]
-            parent = chain_hash(parent, tokens)
+            parent = chain_hash(parent, tokens, _block_extra(request, i, self.block_size))
             block_id = self.pool.lookup(parent)
             if block_id is None:
                 break
@@ -91,11 +97,12 @@ class KVCacheManager:
         """Inserts the request's newly computed full blocks into the prefix cache."""
         if not self.enable_prefix_caching:
             return
-        num_full = request.num_computed_tokens // self.block_size
+        # Only blocks whose tokens are all known: a pending token has KV but no id yet.
+        num_full = min(request.num_computed_tokens, request.num_known_tokens) // self.block_size
         parent = request.block_hashes[-1] if request.block_hashes else None
         for i in range(len(request.block_hashes), num_full):
             tokens = request.all_token_ids[i * self.block_size : (i + 1) * self.block_size]
-            parent = chain_hash(parent, tokens)
+            parent = chain_hash(parent, tokens, _block_extra(request, i, self.block_size))
             request.block_hashes.append(parent)
             self.pool.cache(request.block_ids[i], parent)
 

@@ -19,13 +19,16 @@ from engine.errors import ContextLengthExceededError, InvalidRequestError, Queue
 from engine.kv_cache_manager import KVCacheManager
 from engine.messages import EngineStats, GenerateRequest, RequestOutput
 from engine.model_loader import load_model
-from engine.model_runner import ModelRunner, probe_layer_shapes
+from engine.model_runner import DeviceTokens, ModelRunner, StepLogits, probe_layer_shapes
 from engine.output_processor import OutputProcessor
 from engine.paged_attention import KVStorage
+from engine.parallel_sampling import ParallelSampling, check_n, sample_id, sample_params
 from engine.request import Request
 from engine.request_metrics import RequestMetrics
-from engine.sampler import Sampler, SamplingRow, validate_params
-from engine.scheduler import Scheduler, SchedulerPlan
+from engine.sampler import Sampler, SamplingRow, samples_on_device, validate_params
+from engine.scheduler import ScheduledRequest, Scheduler
+from engine.structured_output import StructuredOutputManager
+from engine.vision_state import vision_state
 
 import mlx.core as mx
 
@@ -39,6 +42,7 @@ class LLMEngine:
         self.model_name = loaded.name
         self.tokenizer = loaded.tokenizer
         self.eos_token_ids = set(loaded.tokenizer.eos_token_ids)
+        self.image_token_id = loaded.image_token_id  # None: a text-only model
         self.vocab_size = _vocab_size(loaded)
         shapes = probe_layer_shapes(loaded.model)
         num_blocks = _num_blocks(config, shapes, loaded.dtype)
@@ -49,11 +53,15 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(loaded.model, self.storage)
         self.sampler = Sampler(config.seed)
-        self.outputs = OutputProcessor(loaded.tokenizer, self.eos_token_ids)
+        self.structured = StructuredOutputManager(loaded.tokenizer)
+        self.outputs = OutputProcessor(loaded.tokenizer, self.eos_token_ids, self.structured)
         # Two inboxes, so the waiting-queue bound counts new requests and never pending aborts.
         self._new: queue.SimpleQueue[Request] = queue.SimpleQueue()
         self._aborts: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._requests: dict[str, Request] = {}
+        self.parallel = ParallelSampling(hold_back=config.enable_prefix_caching)  # n > 1 requests
+        self._in_flight: DeviceTokens | None = None  # a launched step whose tokens are not read yet
+        self.async_scheduling = _resolve_async_scheduling(config.async_scheduling)
         self.num_steps = 0
         self.num_finished = 0
         self.prompt_tokens_total = 0
@@ -66,7 +74,9 @@ class LLMEngine:
     def add_request(self, request: GenerateRequest) -> None:
         """Validates at once (raising a typed error) and queues the request for the next step."""
         params = request.params
+        check_n(request.request_id, request.n)
         validate_params(params, self.vocab_size)
+        self.structured.validate(params.structured)
         num_prompt = len(request.prompt_token_ids)
         self._check_prompt(request.prompt_token_ids)
         room = self.max_model_len - num_prompt
@@ -78,10 +88,24 @@ class LLMEngine:
                 param="max_tokens",
             )
         bound = self.config.max_waiting_requests
-        if bound is not None and len(self.scheduler.waiting) + self._new.qsize() >= bound:
+        num_queued = len(self.scheduler.waiting) + self._new.qsize() + self.parallel.num_held
+        if bound is not None and num_queued + request.n > bound:  # each of n samples is one request
             raise QueueFullError(f"the waiting queue is full ({bound} requests); retry later")
         max_tokens = params.max_tokens if params.max_tokens is not None else room
-        self._new.put(Request(request.request_id, list(request.prompt_token_ids), params, max_tokens))
+        samples = [self._sample(request, i, max_tokens) for i in range(request.n)]
+        for sample in samples:  # in index order: sample 0 reaches the inbox first
+            self._new.put(sample)
+
+    def _sample(self, request: GenerateRequest, index: int, max_tokens: int) -> Request:
+        """The engine request of sample `index`; with n > 1 it runs under its own id (parallel_sampling)."""
+        vision = vision_state(request.prompt_token_ids, request.images, self.image_token_id)
+        prompt, params = list(request.prompt_token_ids), sample_params(request.params, index)
+        if request.n == 1:
+            return Request(request.request_id, prompt, params, max_tokens, vision=vision)
+        rid = sample_id(request.request_id, index)
+        return Request(
+            rid, prompt, params, max_tokens, vision=vision, parent_id=request.request_id, index=index
+        )
 
     def abort_request(self, request_id: str) -> None:
         self._aborts.put(request_id)
@@ -89,20 +113,111 @@ class LLMEngine:
     # ---- the step -----------------------------------------------------------------------------
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished() or not self._new.empty() or not self._aborts.empty()
+        return (
+            self.scheduler.has_unfinished()
+            or self._in_flight is not None
+            or not self._new.empty()
+            or not self._aborts.empty()
+            or self.parallel.num_held > 0
+        )
 
     def step(self) -> list[RequestOutput]:
+        """Schedules and launches one step, then reads the previous launched step's tokens.
+
+        When every row of a step samples plain greedy, its tokens stay on the device (`_in_flight`)
+        and the next step is built and launched before they are read, so the host's work overlaps
+        the device's. Any other step samples on the host at once, as before."""
         outputs = self._drain_inbox()
         plan = self.scheduler.schedule()
         if plan.is_empty:
-            return outputs
+            return outputs + self._read_in_flight()
         self.num_steps += 1
         try:
-            sampled, logprobs = self._run(plan)
+            self.structured.prepare(plan.scheduled)  # grammar masks fill while the model runs
+            step = self.runner.execute(plan, self._in_flight)
         except Exception as exc:
             logger.exception("step failed")
+            outputs += self._read_in_flight()
             return outputs + self._fail([s.request for s in plan.scheduled], f"step failed: {exc}")
-        for request, token_id in self.scheduler.update(plan, sampled):
+        sampling = self.scheduler.advance(plan)
+        if not step.items:  # prefill chunks that do not reach a prompt's end
+            return outputs + self._read_in_flight()
+        if self.async_scheduling and all(samples_on_device(s.request) for s in step.items):
+            launched = DeviceTokens(step.items, mx.argmax(step.logits, axis=-1).astype(mx.int32))
+            mx.async_eval(launched.token_ids)
+            outputs += self._read_in_flight()
+            self._in_flight = launched
+            return outputs
+        outputs += self._read_in_flight()  # host sampling wants every earlier token committed
+        return outputs + self._sample_on_host(step, sampling)
+
+    def _sample_on_host(self, step: StepLogits, sampling: list[ScheduledRequest]) -> list[RequestOutput]:
+        try:
+            mx.eval(step.logits)
+            rows = [
+                SamplingRow(
+                    r.params,
+                    r.prompt_token_ids,
+                    r.output_token_ids,
+                    self.eos_token_ids,
+                    allowed_token_mask=self.structured.mask(r.request_id),
+                )
+                for r in (s.request for s in step.items)
+            ]
+        except Exception as exc:
+            logger.exception("step failed")
+            return self._fail([s.request for s in sampling], f"step failed: {exc}")
+        try:
+            result = self.sampler.sample(step.logits, rows)
+        except Exception:
+            logger.exception("batched sampling failed; sampling row by row so only the bad rows fail")
+            return self._sample_rows_apart(step, rows, sampling)
+        ids = [s.request.request_id for s in step.items]
+        sampled = dict(zip(ids, result.token_ids))
+        logprobs = {rid: [lp] for rid, lp in zip(ids, result.logprobs) if lp is not None}
+        return self._commit(sampling, sampled, logprobs)
+
+    def _sample_rows_apart(
+        self, step: StepLogits, rows: list[SamplingRow], sampling: list[ScheduledRequest]
+    ) -> list[RequestOutput]:
+        """One row at a time: a request whose sampling raises fails alone, the others get their token."""
+        outputs: list[RequestOutput] = []
+        sampled: dict[str, int] = {}
+        logprobs: dict[str, list] = {}
+        for i, (item, row) in enumerate(zip(step.items, rows)):
+            request_id = item.request.request_id
+            try:
+                one = self.sampler.sample(step.logits[i : i + 1], [row])
+            except Exception as exc:  # noqa: BLE001  (any failure of one row is that request's alone)
+                outputs += self._fail([item.request], f"sampling failed: {type(exc).__name__}: {exc}")
+                continue
+            sampled[request_id] = one.token_ids[0]
+            if one.logprobs[0] is not None:
+                logprobs[request_id] = [one.logprobs[0]]
+        return outputs + self._commit(sampling, sampled, logprobs)  # _commit skips the failed ones
+
+    def _read_in_flight(self) -> list[RequestOutput]:
+        launched, self._in_flight = self._in_flight, None
+        if launched is None:
+            return []
+        try:
+            token_ids = launched.token_ids.tolist()
+        except Exception as exc:
+            logger.exception("step failed")
+            return self._fail([s.request for s in launched.items], f"step failed: {exc}")
+        sampled = {s.request.request_id: t for s, t in zip(launched.items, token_ids)}
+        return self._commit(launched.items, sampled, {})
+
+    def _commit(
+        self, items: list[ScheduledRequest], sampled: dict[str, int], logprobs: dict[str, list]
+    ) -> list[RequestOutput]:
+        outputs = []
+        for item in items:
+            request = item.request
+            if request.is_finished:  # aborted, or stopped, after its step was launched
+                continue
+            token_id = sampled[request.request_id]
+            self.scheduler.commit(request, token_id)
             self.generation_tokens_total += 1
             self.metrics.on_token(request)
             output = self.outputs.process(request, [token_id], logprobs.get(request.request_id, []))
@@ -111,30 +226,31 @@ class LLMEngine:
             outputs.append(output)
         return outputs
 
-    def _run(self, plan: SchedulerPlan) -> tuple[dict[str, int], dict[str, list]]:
-        step = self.runner.execute(plan)
-        rows = [
-            SamplingRow(
-                s.request.params, s.request.prompt_token_ids, s.request.output_token_ids, self.eos_token_ids
-            )
-            for s in step.items
-        ]
-        result = self.sampler.sample(step.logits, rows)
-        ids = [s.request.request_id for s in step.items]
-        sampled = dict(zip(ids, result.token_ids))
-        logprobs = {rid: [lp] for rid, lp in zip(ids, result.logprobs) if lp is not None}
-        return sampled, logprobs
-
     def _drain_inbox(self) -> list[RequestOutput]:
         while not self._new.empty():
-            request = self._new.get()
-            self._requests[request.request_id] = request
-            self.prompt_tokens_total += request.num_prompt_tokens
-            self.outputs.add(request)
-            self.scheduler.add(request)
+            if self.parallel.arrive(request := self._new.get()):
+                self._admit(request)
+        for request in self.parallel.release():  # their sample 0's prompt blocks are cached by now
+            self._admit(request)
         outputs = []
         while not self._aborts.empty():
-            if (request := self._requests.get(self._aborts.get())) is not None:
+            outputs += self._abort(self._aborts.get())
+        return outputs
+
+    def _admit(self, request: Request) -> None:
+        self._requests[request.request_id] = request
+        self.prompt_tokens_total += request.num_prompt_tokens
+        self.outputs.add(request)
+        self.scheduler.add(request)
+
+    def _abort(self, request_id: str) -> list[RequestOutput]:
+        """Aborts a request, or every sample of an n > 1 one (held-back ones are admitted first)."""
+        held, samples = self.parallel.abort(request_id)
+        for request in held:
+            self._admit(request)
+        outputs = []
+        for rid in [s.request_id for s in samples] or [request_id]:
+            if (request := self._requests.get(rid)) is not None:
                 outputs.append(self.outputs.abort(request, "abort"))
                 self._finish(request)
         return outputs
@@ -149,6 +265,7 @@ class LLMEngine:
 
     def _finish(self, request: Request) -> None:
         self.scheduler.finish(request)
+        self.parallel.finish(request)
         self._requests.pop(request.request_id, None)
         self.num_finished += 1
         self.metrics.on_finish(request)
@@ -170,6 +287,10 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         return collect_stats(self)
+
+
+def _resolve_async_scheduling(configured: bool | None) -> bool:
+    return configured if configured is not None else mx.default_device().type == mx.DeviceType.gpu
 
 
 def _vocab_size(loaded) -> int:

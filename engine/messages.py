@@ -1,15 +1,27 @@
 """Plain data that crosses the engine boundary (and so the Scheduler actor boundary).
 
 The engine receives `GenerateRequest`s and emits `RequestOutput` deltas. No MLX arrays, no live
-objects: every field is a builtin or one of these dataclasses, so Ray pickles them cheaply.
+objects: every field is a builtin, one of these dataclasses or (image pixels) a NumPy array, so Ray
+pickles them cheaply.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
+
+import numpy as np
 
 FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+@dataclass
+class StructuredOutputs:
+    """Constrains a request's output token by token (engine/structured_output.py). Exactly one field is set."""
+
+    json_schema: dict[str, Any] | None = None
+    json_object: bool = False
+    grammar: str | None = None  # a Lark grammar in llguidance's dialect; it may embed %json{...} schemas
 
 
 @dataclass
@@ -33,6 +45,18 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # None: off; k >= 0: sampled token's logprob plus the top k
     skip_special_tokens: bool = True
+    structured: StructuredOutputs | None = None
+
+
+@dataclass
+class ImageInputs:
+    """A request's images as the model's processor prepared them (engine/image_processor.py): NumPy
+    arrays, never MLX ones, so they pickle across actors. The prompt's image tokens are already expanded."""
+
+    pixel_values: np.ndarray
+    extras: dict[str, np.ndarray] = field(default_factory=dict)  # e.g. pixel_attention_mask, image_grid_thw
+    image_hash: str = ""  # sha256 over every image's bytes, in prompt order: keys the prefix cache
+    num_images: int = 0
 
 
 @dataclass
@@ -40,6 +64,8 @@ class GenerateRequest:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams = field(default_factory=SamplingParams)
+    images: ImageInputs | None = None  # only for a vision-language model
+    n: int = 1  # parallel samples of the one prompt (engine/parallel_sampling.py); outputs carry `index`
 
 
 @dataclass
@@ -63,6 +89,7 @@ class RequestOutput:
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
     error: str | None = None
+    index: int = 0  # which of the request's `n` samples this output belongs to
 
     @property
     def finished(self) -> bool:

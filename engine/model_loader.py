@@ -1,4 +1,5 @@
-"""Loads a model and its tokenizer through mlx-lm, on the configured MLX device and dtype.
+"""Loads a model and its tokenizer through mlx-lm (or mlx-vlm for a vision-language model, see
+engine/vision_model.py), on the configured MLX device and dtype.
 
 Owns device and dtype choice and context-length discovery; never allocates the KV cache.
 """
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from engine.config import DEFAULT_MODEL, EngineConfig
 from engine.default_model import resolve_model_path
+from engine.vision_model import is_vision_config, load_vision_model
 
 import mlx.core as mx
 from mlx import nn
@@ -32,14 +34,20 @@ class LoadedModel:
     path: str
     dtype: mx.Dtype
     context_len: int | None
+    image_token_id: int | None = None  # set for a vision-language model (engine/vision_model.py)
 
 
 def select_device(config: EngineConfig) -> mx.Device:
     if config.device == "cpu":
         device = mx.Device(mx.cpu)
     elif config.device == "gpu":
+        if not mx.is_available(mx.gpu):
+            raise ValueError(
+                "device 'gpu' was asked for but MLX sees none; install the `cuda` extra on an NVIDIA "
+                "machine, or set device to 'auto' or 'cpu'"
+            )
         device = mx.Device(mx.gpu)
-    else:
+    else:  # MLX's default is the GPU (Metal or CUDA) when one is present, else the CPU
         device = mx.default_device()
     mx.set_default_device(device)
     return device
@@ -66,12 +74,24 @@ def load_model(config: EngineConfig) -> LoadedModel:
     device = select_device(config)
     dtype = resolve_dtype(config, device)
     path = model_path(config, dtype)
+    set_dtype = config.dtype != "auto" or device == mx.Device(mx.cpu)
+    model_config = read_model_config(path)
+    if is_vision_config(model_config):
+        return _load_vision(config, local_model_dir(path), model_config, dtype, set_dtype)
     model, tokenizer = mlx_lm_load(path)
-    if config.dtype != "auto" or device == mx.Device(mx.cpu):
+    if set_dtype:
         model.set_dtype(_DTYPES[dtype])
     mx.eval(model.parameters())
     logger.info("loaded %s on %s as %s", path, device, dtype)
     return LoadedModel(model, tokenizer, model_name(config, path), path, _DTYPES[dtype], _context_len(path))
+
+
+def _load_vision(
+    config: EngineConfig, path: str, model_config: dict, dtype: str, set_dtype: bool
+) -> LoadedModel:
+    model, tokenizer = load_vision_model(path, model_config, _DTYPES[dtype], set_dtype)
+    name, context_len = model_name(config, path), _context_len(path)
+    return LoadedModel(model, tokenizer, name, path, _DTYPES[dtype], context_len, model.image_token_id)
 
 
 def load_tokenizer(config: EngineConfig) -> TokenizerWrapper:
@@ -84,13 +104,32 @@ def load_tokenizer(config: EngineConfig) -> TokenizerWrapper:
     return load_tokenizer_at(path)
 
 
-def _context_len(path: str) -> int | None:
+def read_model_config(path: str) -> dict:
+    """The checkpoint's config.json, from the directory or (for a hub id) downloaded alone."""
     config_file = Path(path) / "config.json"
     if not config_file.exists():
         from huggingface_hub import hf_hub_download
 
         config_file = Path(hf_hub_download(path, "config.json"))
-    config = json.loads(config_file.read_text())
+    return json.loads(config_file.read_text())
+
+
+def local_model_dir(path: str) -> str:
+    """A local directory for the model: `path` itself, or the hub snapshot of its weights and configs."""
+    if Path(path).exists():
+        return path
+    from mlx_vlm.utils import get_model_path
+
+    return str(get_model_path(path))
+
+
+def is_vision_model(config: EngineConfig) -> bool:
+    """Whether the configured model is a vision-language model (mlx-vlm), from its config.json alone."""
+    return is_vision_config(read_model_config(model_path(config, resolve_dtype(config, mx.default_device()))))
+
+
+def _context_len(path: str) -> int | None:
+    config = read_model_config(path)
     text_config = config.get("text_config", config)
     for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
         if isinstance(text_config.get(key), int):

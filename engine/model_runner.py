@@ -2,15 +2,18 @@
 
 Owns the model and the paged KV storage; receives block tables, never the block pool.
 Decode rows (one new token each) run as one batch; each prefill chunk runs as its own row,
-so no row is ever padded.
+so no row is ever padded. Nothing here waits for the device: the logits come back lazy, and a
+decode row whose input token is still pending takes it from the previous step's device tokens.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.decode_graph import make_decode_graph
 from engine.paged_attention import KVStorage, LayerShape, PagedLayerCache, StepLayout
 from engine.scheduler import ScheduledRequest, SchedulerPlan
+from engine.vision_model import input_embeddings
 
 import mlx.core as mx
 from mlx import nn
@@ -23,7 +26,18 @@ class UnsupportedModelError(ValueError):
 @dataclass
 class StepLogits:
     items: list[ScheduledRequest]  # the items that sample, in row order of `logits`
-    logits: mx.array  # (len(items), vocab) float32
+    logits: mx.array  # (len(items), vocab) float32, lazy
+
+
+@dataclass
+class DeviceTokens:
+    """Tokens a launched step sampled on the device and nobody has read yet."""
+
+    items: list[ScheduledRequest]  # row i of token_ids belongs to items[i]
+    token_ids: mx.array  # (len(items),) int32, lazy
+
+    def __post_init__(self) -> None:
+        self.rows = {item.request.request_id: i for i, item in enumerate(self.items)}
 
 
 class _ShapeProbe:
@@ -59,35 +73,57 @@ class ModelRunner:
         self.model = model
         self.storage = storage
         self.block_size = storage.block_size
+        # MLX's CUDA backend: decode rows run as one compiled, bucketed graph with the paged attention
+        # kernel (engine/decode_graph.py); None on other devices, which keep the eager path below.
+        self.decode_graph = make_decode_graph(model, storage)
 
-    def execute(self, plan: SchedulerPlan) -> StepLogits:
+    def execute(self, plan: SchedulerPlan, pending: DeviceTokens | None = None) -> StepLogits:
         decode = [s for s in plan.scheduled if s.num_new_tokens == 1]
         prefill = [s for s in plan.scheduled if s.num_new_tokens > 1]
         items: list[ScheduledRequest] = []
         rows: list[mx.array] = []
         if decode:
-            logits = self._forward(decode, 1)[:, -1, :]
+            logits = self._forward(decode, 1, self._decode_inputs(decode, pending))[:, -1, :]
             keep = [i for i, s in enumerate(decode) if s.needs_sample]
             items += [decode[i] for i in keep]
-            rows.append(logits if len(keep) == len(decode) else logits[mx.array(keep)])
+            if keep:  # mx.array([]) is float32, and a float index array fails the whole step
+                rows.append(logits if len(keep) == len(decode) else logits[mx.array(keep, dtype=mx.int32)])
         for item in prefill:
-            logits = self._forward([item], item.num_new_tokens)
+            ids = item.request.all_token_ids[item.start : item.start + item.num_new_tokens]
+            assert len(ids) == item.num_new_tokens, "only a decode row's input may be pending"
+            logits = self._forward([item], item.num_new_tokens, mx.array([ids], dtype=mx.int32))
             if item.needs_sample:
                 items.append(item)
                 rows.append(logits[:, -1, :])
         logits = mx.concatenate(rows).astype(mx.float32) if rows else mx.zeros((0, 1))
-        mx.eval(logits)
         return StepLogits(items, logits)
 
-    def _forward(self, chunk: list[ScheduledRequest], num_new: int) -> mx.array:
+    @staticmethod
+    def _decode_inputs(decode: list[ScheduledRequest], pending: DeviceTokens | None) -> mx.array:
+        """(B, 1) input tokens: known ones from the requests, pending ones from the device."""
+        known = [
+            s.request.all_token_ids[s.start] if s.start < s.request.num_known_tokens else None for s in decode
+        ]
+        if all(t is not None for t in known):
+            return mx.array(known, dtype=mx.int32)[:, None]
+        assert pending is not None, "a pending input token needs the step that sampled it"
+        rows = mx.array([pending.rows.get(s.request.request_id, 0) for s in decode], dtype=mx.int32)
+        from_device = mx.take(pending.token_ids, rows)
+        if all(t is None for t in known):
+            return from_device[:, None]
+        is_known = mx.array([t is not None for t in known])
+        return mx.where(is_known, mx.array([t or 0 for t in known], dtype=mx.int32), from_device)[:, None]
+
+    def _forward(self, chunk: list[ScheduledRequest], num_new: int, tokens: mx.array) -> mx.array:
         tables = [s.request.block_ids[: -(-(s.start + num_new) // self.block_size)] for s in chunk]
-        layout = StepLayout([s.start for s in chunk], num_new, tables, self.block_size)
-        tokens = mx.array(
-            [s.request.all_token_ids[s.start : s.start + num_new] for s in chunk], dtype=mx.int32
-        )
-        caches = [PagedLayerCache(self.storage, i, layout) for i in range(len(self.storage.shapes))]
-        logits = self.model(tokens, cache=caches)
-        # Evaluate the pools now so each forward's scatter can update them in place.
+        if num_new == 1 and self.decode_graph is not None:
+            logits = self.decode_graph(tokens[:, 0], [s.start for s in chunk], tables)[:, None, :]
+        else:
+            layout = StepLayout([s.start for s in chunk], num_new, tables, self.block_size)
+            caches = [PagedLayerCache(self.storage, i, layout) for i in range(len(self.storage.shapes))]
+            logits = self.model(tokens, cache=caches, **input_embeddings(self.model, chunk, tokens))
+        # Launch each forward at once: the next one's scatter then finds the pools evaluated and
+        # updates them in place, and the host goes on building while the device computes.
         to_eval = [logits] if chunk[0].needs_sample or num_new == 1 else []
-        mx.eval(*to_eval, *self.storage.arrays())
+        mx.async_eval(*to_eval, *self.storage.arrays())
         return logits

@@ -1,7 +1,9 @@
 """Turns sampled tokens into `RequestOutput` deltas: detokenization, stop conditions, logprobs.
 
 Owns each live request's detokenizer and stop checker. Decides *that* a request finishes; the
-scheduler is the one that removes it and frees its blocks.
+scheduler is the one that removes it and frees its blocks. A constrained request also finishes
+("stop") when the structured-output manager reports its grammar complete; the manager's matcher
+sees every committed token here, once, and is dropped at every finish.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from engine.detokenizer import IncrementalDetokenizer
 from engine.messages import FinishReason, RequestOutput, TokenLogprob
 from engine.request import Request
 from engine.stop_checker import StopChecker
+from engine.structured_output import StructuredOutputManager
 
 
 @dataclass
@@ -22,9 +25,10 @@ class _Track:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer, eos_token_ids: set[int]):
+    def __init__(self, tokenizer, eos_token_ids: set[int], structured: StructuredOutputManager | None = None):
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
+        self.structured = structured
         self._tracks: dict[str, _Track] = {}
 
     def add(self, request: Request) -> None:
@@ -37,20 +41,26 @@ class OutputProcessor:
 
     def remove(self, request_id: str) -> None:
         self._tracks.pop(request_id, None)
+        if self.structured is not None:
+            self.structured.remove(request_id)
 
     def process(self, request: Request, token_ids: list[int], logprobs: list[TokenLogprob]) -> RequestOutput:
         """Feeds one step's new tokens of one request; marks the request finished if it must stop."""
         track = self._tracks[request.request_id]
-        finish = None
+        finish, grammar_end = None, None
         for i, token_id in enumerate(token_ids):
             finish = track.stop_checker.check_token(
                 token_id, request.num_output_tokens - len(token_ids) + i + 1
             )
-            if finish is not None:
+            if self.structured is not None:
+                grammar_end = self.structured.accept(request.request_id, token_id)
+            if finish is not None or grammar_end is not None:
                 break
         reason, stop_reason = finish if finish is not None else (None, None)
         # The stopping token itself (EOS, a stop token id) is not text the client sees.
         text_ids = token_ids if reason is None or reason == "length" else token_ids[:-1]
+        if grammar_end is not None and reason in (None, "length"):
+            reason, stop_reason = grammar_end, None  # a complete grammar is a stop, even at max_tokens
         text = track.detokenizer.add_tokens(text_ids) if text_ids else ""
         emitted, matched = track.stop_checker.process_text(text)
         if matched is not None:
@@ -64,7 +74,10 @@ class OutputProcessor:
                 emitted += track.stop_checker.flush()
         if reason is not None:
             request.finish_reason, request.stop_reason = reason, stop_reason
-        return self._output(request, token_ids, emitted, logprobs, reason, stop_reason)
+        output = self._output(request, token_ids, emitted, logprobs, reason, stop_reason)
+        if grammar_end == "error" and reason == "error":
+            output.error = "the sampled token broke the request's grammar"
+        return output
 
     def abort(self, request: Request, reason: FinishReason, error: str | None = None) -> RequestOutput:
         request.finish_reason = reason
@@ -84,7 +97,7 @@ class OutputProcessor:
         if reason is not None:
             self.remove(request.request_id)
         return RequestOutput(
-            request_id=request.request_id,
+            request_id=request.external_id,  # a sample of an n > 1 request reports its parent's id
             new_token_ids=token_ids,
             new_text=text,
             finish_reason=reason,
@@ -93,4 +106,5 @@ class OutputProcessor:
             num_prompt_tokens=request.num_prompt_tokens,
             num_output_tokens=request.num_output_tokens,
             num_cached_tokens=request.num_cached_tokens,
+            index=request.index,
         )

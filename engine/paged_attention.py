@@ -33,10 +33,11 @@ class KVStorage:
         self.shapes = shapes
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.keys = [mx.zeros((s.num_kv_heads, num_blocks, block_size, s.k_head_dim), dtype) for s in shapes]
-        self.values = [
-            mx.zeros((s.num_kv_heads, num_blocks, block_size, s.v_head_dim), dtype) for s in shapes
-        ]
+        # One block past the pool's: padding rows of a bucketed decode write there (engine/decode_graph.py).
+        self.scratch_block = num_blocks
+        total = num_blocks + 1
+        self.keys = [mx.zeros((s.num_kv_heads, total, block_size, s.k_head_dim), dtype) for s in shapes]
+        self.values = [mx.zeros((s.num_kv_heads, total, block_size, s.v_head_dim), dtype) for s in shapes]
         mx.eval(self.keys, self.values)
 
     @staticmethod
@@ -60,6 +61,10 @@ class StepLayout:
         self.num_new = num_new
         self.block_size = block_size
         self._offsets = offsets
+        # MLX's CPU backend lets a launch run ahead of the host by only a few operations, so one
+        # launch per step leaves the device idle while Python builds the graph; a launch per layer
+        # overlaps the two. A GPU queues whole graphs, so there one launch per step is best.
+        self.launch_per_layer = mx.default_device().type == mx.DeviceType.cpu
         max_blocks = max(len(t) for t in block_tables)
         # One row needs no padding mask: its context is cut to exactly the tokens it has.
         self.ctx_len = offsets[0] + num_new if self.batch == 1 else max_blocks * block_size
@@ -122,6 +127,9 @@ class PagedLayerCache:
         return self.layout.offset
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        if self.layout.launch_per_layer:
+            # Start the device on everything up to this layer while Python builds the rest.
+            mx.async_eval(keys, values)
         return self._update(self.storage.keys, keys), self._update(self.storage.values, values)
 
     def _update(self, pools: list[mx.array], new: mx.array) -> mx.array:

@@ -2,6 +2,7 @@
 
 The request holds block ids only; the block pool owns the blocks. Counting follows one rule:
 `num_computed_tokens` of `num_tokens` have KV in the cache; a step computes some of the difference.
+`num_tokens` counts pending tokens too: sampled by a launched step whose result is not read yet.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from engine.messages import FinishReason, SamplingParams
+from engine.vision_state import VisionState
 
 
 class RequestStatus(enum.Enum):
@@ -38,9 +40,18 @@ class Request:
     last_token_s: float | None = None
     token_gap_s: float | None = None  # between the last two output tokens; None until there are two
     num_preemptions: int = 0
+    vision: VisionState | None = None  # images of a VLM request (engine/vision_state.py)
+    num_pending_tokens: int = 0  # sampled on the device by a launched step, not yet in all_token_ids
+    parent_id: str | None = None  # the GenerateRequest's id when this is one of its n > 1 samples
+    index: int = 0  # which sample of its parent (engine/parallel_sampling.py)
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)
+
+    @property
+    def external_id(self) -> str:
+        """The id the caller gave: outputs carry it, with `index` telling the samples apart."""
+        return self.parent_id if self.parent_id is not None else self.request_id
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -48,11 +59,15 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.all_token_ids)
+        return len(self.all_token_ids) + self.num_pending_tokens
 
     @property
     def num_output_tokens(self) -> int:
         return len(self.all_token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def num_known_tokens(self) -> int:
+        return len(self.all_token_ids)
 
     @property
     def output_token_ids(self) -> list[int]:

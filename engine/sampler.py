@@ -17,12 +17,14 @@ from dataclasses import dataclass, field
 
 from engine.errors import InvalidRequestError
 from engine.messages import SamplingParams, TokenLogprob
+from engine.request import Request
 
 import mlx.core as mx
 import numpy as np
 
 GREEDY_TEMPERATURE = 1e-5  # below this a temperature means argmax
 MAX_LOGPROBS = 20
+LOGPROB_FLOOR = -9999.0  # a masked token's logprob, as vLLM: -inf is not JSON
 MAX_STOP_STRINGS = 16
 MAX_ABS_LOGIT_BIAS = 100.0
 MAX_ABS_PENALTY = 2.0  # presence and frequency, as OpenAI
@@ -42,6 +44,9 @@ class SamplingRow:
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     eos_token_ids: set[int] = field(default_factory=set)
+    # Structured output: packed bits, token t allowed iff bit t % 32 of word t // 32 is set
+    # (engine/structured_output.py). Ids past the mask's end (model vocab > tokenizer's) are never allowed.
+    allowed_token_mask: np.ndarray | None = None
 
     @property
     def num_output_tokens(self) -> int:
@@ -114,7 +119,7 @@ class Sampler:
 
     def sample(self, logits: mx.array, rows: list[SamplingRow]) -> SampleResult:
         assert logits.ndim == 2 and logits.shape[0] == len(rows), (logits.shape, len(rows))
-        raw = _as_numpy(logits)
+        raw = _apply_allowed_masks(_as_numpy(logits), rows)
         if all(_is_plain_greedy(row) for row in rows):
             return SampleResult(raw.argmax(axis=-1).tolist(), [None] * len(rows))
         edited = _edit_logits(raw, rows)
@@ -182,6 +187,37 @@ def _as_numpy(logits: mx.array) -> np.ndarray:
     return view
 
 
+def samples_on_device(request: Request) -> bool:
+    """True when the request's next token is the plain argmax of its logits (no host-side edits,
+    no logprobs), so the engine may leave it on the device and read it a step later."""
+    p = request.params
+    num_before = request.num_output_tokens + request.num_pending_tokens - 1  # outputs before this one
+    return (
+        p.temperature < GREEDY_TEMPERATURE
+        and p.logprobs is None
+        and p.structured is None
+        and not p.logit_bias
+        and not _has_penalty(p)
+        and num_before >= p.min_tokens
+    )
+
+
+def _apply_allowed_masks(raw: np.ndarray, rows: list[SamplingRow]) -> np.ndarray:
+    """A copy with each constrained row's disallowed tokens at -inf, or `raw` when no row is constrained.
+    As vLLM, the grammar's mask comes before everything else, logprobs included."""
+    constrained = [i for i, row in enumerate(rows) if row.allowed_token_mask is not None]
+    if not constrained:
+        return raw
+    masks = np.stack([rows[i].allowed_token_mask for i in constrained])  # type: ignore[misc]
+    bits = np.unpackbits(masks.view(np.uint8), axis=-1, count=raw.shape[1], bitorder="little")
+    allowed, blocked = bits.view(bool), np.float32(-np.inf)
+    if len(constrained) == len(rows):
+        return np.where(allowed, raw, blocked)  # one pass, no copy first
+    out = raw.copy()
+    out[constrained] = np.where(allowed, raw[constrained], blocked)
+    return out
+
+
 def _is_plain_greedy(row: SamplingRow) -> bool:
     p = row.params
     return p.temperature < GREEDY_TEMPERATURE and p.logprobs is None and not _needs_edit(row)
@@ -213,6 +249,8 @@ def _edit_logits(raw: np.ndarray, rows: list[SamplingRow]) -> np.ndarray:
         masked = _min_tokens_mask(row)
         if masked:
             out[i, masked] = -np.inf
+            if row.allowed_token_mask is not None and np.isneginf(out[i]).all():
+                out[i] = raw[i]  # the grammar allows only EOS or a stop token: it wins over min_tokens
     if any(_has_penalty(rows[i].params) for i in edit):
         _apply_penalties(out, rows)
     return out
@@ -390,7 +428,7 @@ def _logprobs(raw: np.ndarray, rows: list[SamplingRow], token_ids: np.ndarray) -
     max_k = max(rows[i].params.logprobs or 0 for i in wanted)
     # Log-softmax keeps the order, so the top logprobs are the top logits shifted by log_total.
     top_ids, top_vals = _top_k(sub, max_k) if max_k else (np.empty((len(wanted), 0), np.int64),) * 2
-    top_logprobs = top_vals - log_total
+    top_logprobs = np.maximum(top_vals - log_total, LOGPROB_FLOOR)  # -inf where a grammar masked
     for j, i in enumerate(wanted):
         k = rows[i].params.logprobs or 0
         top = list(zip(top_ids[j, :k].tolist(), top_logprobs[j, :k].tolist()))

@@ -3,6 +3,8 @@
 Owns the waiting queue and the running list; calls the KV cache manager (never the pool, never
 the model). Each step hands out `num_tokens - num_computed_tokens` per request under a token
 budget: the same rule covers prefill, chunked prefill, prefix hits, recompute and decode.
+`update` is `advance` (when a step is launched) plus `commit` (when its tokens are read); the engine
+calls the two apart when a step's tokens stay on the device while the next step is scheduled.
 """
 
 from __future__ import annotations
@@ -66,6 +68,9 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
+            if self._finishes_by_length(request):
+                i += 1  # its pending token is its last: computing another would be wasted
+                continue
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             while not self.kv.allocate(request, num_new):
                 victim = self.running[-1]
@@ -82,6 +87,7 @@ class Scheduler:
     def _schedule_waiting(self, plan: SchedulerPlan, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            assert not request.num_pending_tokens, "a pending token is committed before readmission"
             match = self.kv.match_prefix(request) if not request.block_ids else NO_MATCH
             num_matched = match.num_blocks * self.kv.block_size
             num_new = min(request.num_tokens - request.num_computed_tokens - num_matched, budget)
@@ -106,20 +112,41 @@ class Scheduler:
         self.waiting.appendleft(request)
         self.num_preemptions += 1
 
+    @staticmethod
+    def _finishes_by_length(request: Request) -> bool:
+        num_pending = request.num_pending_tokens
+        return num_pending > 0 and request.num_output_tokens + num_pending >= request.max_tokens
+
     def update(self, plan: SchedulerPlan, sampled: dict[str, int]) -> list[tuple[Request, int]]:
         """Advances computed counts, appends sampled tokens; returns (request, new token) pairs."""
         new_tokens = []
+        for item in self.advance(plan):
+            token_id = sampled[item.request.request_id]
+            self.commit(item.request, token_id)
+            new_tokens.append((item.request, token_id))
+        return new_tokens
+
+    def advance(self, plan: SchedulerPlan) -> list[ScheduledRequest]:
+        """The plan's step is launched: its tokens have KV now and each sampling item owes one
+        pending token. Returns the sampling items of live requests."""
+        sampling = []
         for item in plan.scheduled:
             request = item.request
-            if request.is_finished:  # aborted while the step ran
+            if request.is_finished:  # aborted while the step was built
                 continue
             request.num_computed_tokens += item.num_new_tokens
-            self.kv.cache_full_blocks(request)
             if item.needs_sample:
-                token_id = sampled[request.request_id]
-                request.append_token(token_id)
-                new_tokens.append((request, token_id))
-        return new_tokens
+                request.num_pending_tokens += 1
+                sampling.append(item)
+            self.kv.cache_full_blocks(request)
+        return sampling
+
+    def commit(self, request: Request, token_id: int) -> None:
+        """A pending token's value is known: it joins the request's tokens."""
+        assert request.num_pending_tokens > 0
+        request.num_pending_tokens -= 1
+        request.append_token(token_id)
+        self.kv.cache_full_blocks(request)
 
     def finish(self, request: Request) -> None:
         """Removes a finished or aborted request and frees its blocks at once."""

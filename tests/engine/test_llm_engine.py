@@ -4,6 +4,8 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.messages import GenerateRequest
 
+import pytest
+
 from tests.engine.engine_helpers import chat_ids, greedy, reference_greedy, run_to_completion, token_ids
 
 PROMPTS = [
@@ -22,7 +24,14 @@ def _strip_eos(llm: LLMEngine, tokens: list[int]) -> list[int]:
     return [t for t in tokens if t not in llm.eos_token_ids]
 
 
-def test_single_request_equals_mlx_lm_greedy_and_mentions_paris(llm):
+@pytest.fixture(params=["sync", "async"])
+def any_llm(request) -> LLMEngine:
+    """Each correctness test runs with host sampling every step and with asynchronous scheduling."""
+    return request.getfixturevalue("llm" if request.param == "sync" else "async_llm")
+
+
+def test_single_request_equals_mlx_lm_greedy_and_mentions_paris(any_llm):
+    llm = any_llm
     prompt = chat_ids(llm, PROMPTS[0])
     outputs = run_to_completion(llm, {0: [GenerateRequest("one", prompt, greedy(24))]})["one"]
     assert _strip_eos(llm, token_ids(outputs)) == reference_greedy(llm, prompt, 24)
@@ -32,7 +41,8 @@ def test_single_request_equals_mlx_lm_greedy_and_mentions_paris(llm):
     assert llm.pool.num_free == llm.pool.num_blocks
 
 
-def test_staggered_batch_of_eight_equals_reference(llm):
+def test_staggered_batch_of_eight_equals_reference(any_llm):
+    llm = any_llm
     prompts = [chat_ids(llm, p) for p in PROMPTS]
     arrivals = {i * 3: [GenerateRequest(f"b{i}", p, greedy(20))] for i, p in enumerate(prompts)}
     outputs = run_to_completion(llm, arrivals)
@@ -41,7 +51,8 @@ def test_staggered_batch_of_eight_equals_reference(llm):
     assert llm.pool.num_free == llm.pool.num_blocks
 
 
-def test_prefix_cache_hit_gives_same_output_and_counts_hits(llm):
+def test_prefix_cache_hit_gives_same_output_and_counts_hits(any_llm):
+    llm = any_llm
     system = "You are a helpful assistant who answers briefly. " * 6
     first = chat_ids(llm, system + "What is the capital of Italy?")
     second = chat_ids(llm, system + "What is the capital of Spain?")
@@ -53,10 +64,15 @@ def test_prefix_cache_hit_gives_same_output_and_counts_hits(llm):
     assert _strip_eos(llm, token_ids(outputs)) == reference_greedy(llm, second, 16)
 
 
-def test_forced_preemption_keeps_greedy_output():
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_forced_preemption_keeps_greedy_output(async_scheduling: bool):
     small = LLMEngine(
         EngineConfig(
-            kv_cache_memory_bytes=14 * 737_280, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=128
+            kv_cache_memory_bytes=14 * 737_280,
+            max_num_seqs=8,
+            max_num_batched_tokens=64,
+            max_model_len=128,
+            async_scheduling=async_scheduling,
         )
     )
     prompts = [chat_ids(small, p) for p in PROMPTS[:6]]
@@ -69,7 +85,8 @@ def test_forced_preemption_keeps_greedy_output():
     assert small.pool.num_free == small.pool.num_blocks
 
 
-def test_abort_frees_blocks_at_once(llm):
+def test_abort_frees_blocks_at_once(any_llm):
+    llm = any_llm
     prompt = chat_ids(llm, PROMPTS[5])
     llm.add_request(GenerateRequest("gone", prompt, greedy(200)))
     for _ in range(3):

@@ -12,6 +12,8 @@ from engine.messages import SamplingParams
 from engine.request import Request
 from engine.scheduler import Scheduler, SchedulerPlan
 
+import pytest
+
 BLOCK = 4
 
 
@@ -23,13 +25,16 @@ class FakeRunner:
     def __init__(self) -> None:
         self.slots: dict[tuple[int, int], int] = {}
 
-    def execute(self, plan: SchedulerPlan) -> dict[str, int]:
+    def execute(self, plan: SchedulerPlan, pending: dict[str, int] | None = None) -> dict[str, int]:
+        """`pending`: tokens the previous step sampled that the scheduler has not committed yet."""
         sampled = {}
         for item in plan.scheduled:
             request = item.request
             for pos in range(item.start, item.start + item.num_new_tokens):
                 block = request.block_ids[pos // BLOCK]
-                self.slots[(block, pos % BLOCK)] = request.all_token_ids[pos]
+                known = pos < request.num_known_tokens
+                token = request.all_token_ids[pos] if known else pending[request.request_id]  # type: ignore[index]
+                self.slots[(block, pos % BLOCK)] = token
             if item.needs_sample:
                 context = [
                     self.slots[(request.block_ids[p // BLOCK], p % BLOCK)] for p in range(request.num_tokens)
@@ -45,10 +50,20 @@ def reference(prompt: list[int], max_tokens: int) -> list[int]:
     return tokens[len(prompt) :]
 
 
-def run(scheduler: Scheduler, requests: list[Request], arrivals: dict[int, list[Request]], abort_at=None):
+def run(
+    scheduler: Scheduler,
+    requests: list[Request],
+    arrivals: dict[int, list[Request]],
+    abort_at=None,
+    pipelined: bool = False,
+):
+    """Steps to the end. `pipelined` mirrors the engine's asynchronous scheduling: a step's tokens are
+    committed only after the next step has been scheduled and run on the still-pending ones."""
     runner, step, added = FakeRunner(), 0, set()
     abort_at = abort_at or {}
-    while scheduler.has_unfinished() or arrivals:
+    pending: dict[str, int] = {}
+    pending_requests: list[Request] = []
+    while scheduler.has_unfinished() or arrivals or pending_requests:
         for request in arrivals.pop(step, []):
             scheduler.add(request)
             added.add(request.request_id)
@@ -58,11 +73,30 @@ def run(scheduler: Scheduler, requests: list[Request], arrivals: dict[int, list[
         plan = scheduler.schedule()
         assert plan.num_batched_tokens <= scheduler.max_num_batched_tokens
         assert len(scheduler.running) <= scheduler.max_num_seqs
-        for request, _ in scheduler.update(plan, runner.execute(plan)):
-            if request.num_output_tokens >= request.max_tokens:
-                scheduler.finish(request)
+        sampled = runner.execute(plan, pending)
+        if pipelined:
+            launched = [item.request for item in scheduler.advance(plan)]
+            for request in pending_requests:
+                if not request.is_finished:
+                    scheduler.commit(request, pending[request.request_id])
+                    _finish_at_length(scheduler, request)
+            pending, pending_requests = sampled, launched
+        else:
+            for request, _ in scheduler.update(plan, sampled):
+                _finish_at_length(scheduler, request)
         step += 1
         assert step < 10_000
+
+
+def _finish_at_length(scheduler: Scheduler, request: Request) -> None:
+    assert request.num_output_tokens <= request.max_tokens
+    if request.num_output_tokens == request.max_tokens:
+        scheduler.finish(request)
+
+
+@pytest.fixture(params=[False, True], ids=["sync", "pipelined"])
+def pipelined(request) -> bool:
+    return request.param
 
 
 def make(num_blocks: int, max_seqs: int = 8, budget: int = 16, caching: bool = True):
@@ -70,42 +104,42 @@ def make(num_blocks: int, max_seqs: int = 8, budget: int = 16, caching: bool = T
     return pool, Scheduler(KVCacheManager(pool, BLOCK, caching), max_seqs, budget)
 
 
-def test_staggered_batch_matches_reference_with_chunked_prefill():
+def test_staggered_batch_matches_reference_with_chunked_prefill(pipelined: bool):
     pool, scheduler = make(num_blocks=64)
     rng = random.Random(0)
     requests = [
         Request(f"r{i}", [rng.randrange(100) for _ in range(3 + 5 * i)], SamplingParams(), 12)
         for i in range(8)
     ]
-    run(scheduler, requests, {i * 2: [r] for i, r in enumerate(requests)})
+    run(scheduler, requests, {i * 2: [r] for i, r in enumerate(requests)}, pipelined=pipelined)
     for r in requests:
         assert r.output_token_ids == reference(r.prompt_token_ids, 12)
     assert pool.num_free == 64
 
 
-def test_preemption_recomputes_and_output_is_unchanged():
+def test_preemption_recomputes_and_output_is_unchanged(pipelined: bool):
     pool, scheduler = make(num_blocks=12, budget=32)
     requests = [Request(f"r{i}", list(range(i, i + 9)), SamplingParams(), 10) for i in range(6)]
-    run(scheduler, requests, {0: list(requests)})
+    run(scheduler, requests, {0: list(requests)}, pipelined=pipelined)
     assert scheduler.num_preemptions > 0
     for r in requests:
         assert r.output_token_ids == reference(r.prompt_token_ids, 10)
     assert pool.num_free == 12
 
 
-def test_prefix_hits_share_blocks_and_skip_compute():
+def test_prefix_hits_share_blocks_and_skip_compute(pipelined: bool):
     pool, scheduler = make(num_blocks=64)
     shared = list(range(20))
     first = Request("a", shared + [1], SamplingParams(), 4)
     second = Request("b", shared + [2, 3], SamplingParams(), 4)
-    run(scheduler, [first, second], {0: [first], 8: [second]})
+    run(scheduler, [first, second], {0: [first], 8: [second]}, pipelined=pipelined)
     assert second.num_cached_tokens == 20
     assert scheduler.kv.prefix_hits >= 20
     assert second.output_token_ids == reference(second.prompt_token_ids, 4)
     assert pool.num_free == 64
 
 
-def test_random_mix_of_finished_cancelled_and_preempted_returns_every_block():
+def test_random_mix_of_finished_cancelled_and_preempted_returns_every_block(pipelined: bool):
     for seed in range(20):
         rng = random.Random(seed)
         pool, scheduler = make(
@@ -127,7 +161,7 @@ def test_random_mix_of_finished_cancelled_and_preempted_returns_every_block():
         aborts: dict[int, list[Request]] = {}
         for r in rng.sample(requests, 3):
             aborts.setdefault(rng.randrange(0, 40), []).append(r)
-        run(scheduler, requests, arrivals, aborts)
+        run(scheduler, requests, arrivals, aborts, pipelined=pipelined)
         assert pool.num_free == pool.num_blocks, f"seed {seed} leaked blocks"
         aborted = {r.request_id for group in aborts.values() for r in group}
         for r in requests:
