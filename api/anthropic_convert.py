@@ -10,6 +10,8 @@ from __future__ import annotations
 from engine.messages import SamplingParams
 
 from api.anthropic_schemas import (
+    ImageBlock,
+    ImageSource,
     Message,
     MessagesRequest,
     TextBlock,
@@ -19,19 +21,25 @@ from api.anthropic_schemas import (
     _PromptFields,
 )
 from api.errors import invalid, unsupported
+from api.structured_formats import anthropic_output_format
 from api.template_messages import (
     ChatPrompt,
     Tool,
     assistant_turn,
     function_tool,
+    image_part,
+    parts_turn,
+    text_part,
     text_turn,
     tool_call,
     tool_result,
 )
 from api.template_messages import Message as Turn
+from api.tool_choice import ToolChoice, check_named, tool_spec
 
 DEFAULT_TEMPERATURE = 1.0  # Anthropic's default, unlike OpenAI's sampling-off-by-default
 _NOT_YET = "not supported yet"
+IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")  # what Anthropic accepts
 
 # --- checks: fields we parse but do not honour -------------------------------------------------
 
@@ -42,8 +50,7 @@ def check_supported(req: _PromptFields) -> None:
         raise unsupported(
             "thinking", "extended thinking is not implemented; omit it or send {'type': 'disabled'}"
         )
-    if req.output_config:
-        raise unsupported("output_config", "effort and structured outputs are not implemented")
+    anthropic_output_format(req.output_config, req.output_format)
     if req.context_management is not None:
         raise unsupported("context_management", "context editing is not implemented")
     if req.mcp_servers:
@@ -73,11 +80,6 @@ def _check_tools(req: _PromptFields) -> None:
             )
         if tool.input_schema is None:
             raise invalid(f"tools[{i}].input_schema", f"tools[{i}].input_schema: Field required")
-    choice = req.tool_choice
-    if choice is not None and choice.type in ("any", "tool"):
-        raise unsupported(
-            "tool_choice", f"forcing a tool call (type {choice.type!r}) is {_NOT_YET}; use 'auto' or 'none'"
-        )
 
 
 def _check_message(i: int, message: Message) -> None:
@@ -87,6 +89,8 @@ def _check_message(i: int, message: Message) -> None:
         where = f"messages[{i}].content[{j}]"
         if isinstance(block, UnsupportedBlock):
             raise unsupported(where, f"{block.type!r} blocks are not supported by this text-only server")
+        if isinstance(block, ImageBlock):
+            _check_image(where, block, message.role)
         if isinstance(block, ToolUseBlock) and message.role != "assistant":
             raise invalid(where, f"{where}: 'tool_use' blocks belong in assistant messages")
         if isinstance(block, ToolResultBlock) and message.role != "user":
@@ -106,7 +110,7 @@ def chat_prompt(req: _PromptFields) -> ChatPrompt:
         raise invalid(
             "messages", "the last message has tool_use blocks; send their tool_result in a user turn"
         )
-    return ChatPrompt(turns, template_tools(req), continue_final_message=prefill)
+    return ChatPrompt(turns, template_tools(req), continue_final_message=prefill, image_urls=image_urls(req))
 
 
 def system_text(system: str | list[TextBlock] | None) -> str:
@@ -129,18 +133,41 @@ def message_turns(message: Message) -> list[Turn]:
 
 def _user_turns(blocks: list) -> list[Turn]:
     turns: list[Turn] = []
-    texts: list[str] = []
+    parts: list[dict] = []  # text and image parts of the user turn being built
     for block in blocks:
-        if isinstance(block, TextBlock):
-            texts.append(block.text)
+        if isinstance(block, (TextBlock, ImageBlock)):
+            parts.append(text_part(block.text) if isinstance(block, TextBlock) else image_part())
             continue
-        if texts:
-            turns.append(text_turn("user", "\n".join(texts)))
-            texts = []
+        if parts:
+            turns.append(parts_turn("user", parts))
+            parts = []
         turns.append(tool_result(block.tool_use_id, tool_result_text(block)))
-    if texts or not turns:
-        turns.append(text_turn("user", "\n".join(texts)))
+    if parts or not turns:
+        turns.append(parts_turn("user", parts))
     return turns
+
+
+def image_urls(req: _PromptFields) -> tuple[str, ...]:
+    """Each image block's source as a URL (base64 as a data: URL), in prompt order."""
+    blocks = [b for m in req.messages if not isinstance(m.content, str) for b in m.content]
+    return tuple(_source_url(b.source) for b in blocks if isinstance(b, ImageBlock))
+
+
+def _source_url(source: ImageSource) -> str:
+    return f"data:{source.media_type};base64,{source.data}" if source.type == "base64" else source.url or ""
+
+
+def _check_image(where: str, block: ImageBlock, role: str) -> None:
+    if role != "user":
+        raise invalid(where, f"{where}: 'image' blocks belong in user messages")
+    source = block.source
+    if source.type == "base64" and (source.media_type not in IMAGE_MEDIA_TYPES or not source.data):
+        raise invalid(
+            f"{where}.source",
+            f"{where}.source: a base64 image needs 'data' and a media_type of {', '.join(IMAGE_MEDIA_TYPES)}",
+        )
+    if source.type == "url" and not source.url:
+        raise invalid(f"{where}.source.url", f"{where}.source: a url image needs 'url'")
 
 
 def tool_result_text(block: ToolResultBlock) -> str:
@@ -155,6 +182,21 @@ def template_tools(req: _PromptFields) -> list[Tool] | None:
     return [function_tool(t.name, t.description, t.input_schema) for t in req.tools]
 
 
+def tool_choice(req: _PromptFields) -> ToolChoice:
+    """`any` and `tool` force a call (by grammar, see api/tool_choice.py); `tool` names the one tool."""
+    choice = req.tool_choice
+    specs = [tool_spec(t.name, t.description, t.input_schema) for t in req.tools or []]
+    parallel = not (choice is not None and choice.disable_parallel_tool_use)
+    if choice is None or choice.type == "auto":
+        return ToolChoice(specs, parallel=parallel)
+    if choice.type == "tool" and not choice.name:
+        raise invalid("tool_choice.name", "tool_choice {'type': 'tool'} needs 'name'")
+    mode = "none" if choice.type == "none" else "required"
+    parsed = ToolChoice(specs, mode, choice.name if choice.type == "tool" else None, parallel)
+    check_named(parsed, "tool_choice")
+    return parsed
+
+
 # --- sampling ----------------------------------------------------------------------------------
 
 
@@ -165,4 +207,5 @@ def sampling_params(req: MessagesRequest) -> SamplingParams:
         top_p=1.0 if req.top_p is None else req.top_p,
         top_k=req.top_k or None,
         stop=list(req.stop_sequences or []),
+        structured=anthropic_output_format(req.output_config, req.output_format),
     )

@@ -7,6 +7,7 @@ so no `cache_*_input_tokens` are reported. No Ray, no MLX.
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -14,8 +15,10 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from api.choice_state import ChoiceState
+from api.output_parser import OutputParser, OutputParsing, parse_whole
 
-StopReason = Literal["end_turn", "max_tokens", "stop_sequence"]
+TOOL_USE_ID_PREFIX = "toolu_"
+StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
 
 
 @dataclass(frozen=True)
@@ -38,12 +41,25 @@ class TextContent(BaseModel):
     text: str
 
 
+class ThinkingContent(BaseModel):
+    type: Literal["thinking"] = "thinking"
+    thinking: str
+    signature: str = ""  # this server signs nothing; clients send thinking back as-is or not at all
+
+
+class ToolUseContent(BaseModel):
+    type: Literal["tool_use"] = "tool_use"
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
 class MessageOut(BaseModel):
     id: str
     type: Literal["message"] = "message"
     role: Literal["assistant"] = "assistant"
     model: str
-    content: list[TextContent]
+    content: list[ThinkingContent | TextContent | ToolUseContent]
     stop_reason: StopReason | None
     stop_sequence: str | None
     usage: Usage
@@ -52,33 +68,48 @@ class MessageOut(BaseModel):
         return self.model_dump()
 
 
-def stop_fields(state: ChoiceState) -> tuple[StopReason | None, str | None]:
+def stop_fields(state: ChoiceState, called: bool = False) -> tuple[StopReason | None, str | None]:
     """(stop_reason, stop_sequence): the engine stops on a stop string (a `str` stop reason), on an
-    end-of-turn token, or at max_tokens (finish reason 'length')."""
+    end-of-turn token, or at max_tokens (finish reason 'length'); `called`: the output has tool calls."""
     if state.finish_reason is None:
         return None, None
     if state.finish_reason == "length":
         return "max_tokens", None
     if isinstance(state.stop_reason, str):
         return "stop_sequence", state.stop_reason
-    return "end_turn", None
+    return ("tool_use" if called else "end_turn"), None
 
 
 def usage(state: ChoiceState) -> Usage:
     return Usage(input_tokens=state.num_prompt_tokens, output_tokens=state.num_output_tokens)
 
 
-def message(meta: MessageMeta, state: ChoiceState) -> MessageOut:
-    """The whole message; always one text block (maybe empty), as the stream has one."""
-    stop_reason, stop_sequence = stop_fields(state)
+def message(meta: MessageMeta, state: ChoiceState, parsing: OutputParsing | None = None) -> MessageOut:
+    """The whole message: one text block (maybe empty) unless `parsing` reads thinking and tool calls
+    out of it (then thinking, text if any, tool_use blocks, in that order)."""
+    if parsing is None or not parsing.active:
+        content: list = [TextContent(text=state.text)]
+    else:
+        content = parsed_blocks(parse_whole(parsing, state.text, TOOL_USE_ID_PREFIX))
+    stop_reason, stop_sequence = stop_fields(state, any(isinstance(b, ToolUseContent) for b in content))
     return MessageOut(
         id=meta.id,
         model=meta.model,
-        content=[TextContent(text=state.text)],
+        content=content,
         stop_reason=stop_reason,
         stop_sequence=stop_sequence,
         usage=usage(state),
     )
+
+
+def parsed_blocks(parser: OutputParser) -> list[ThinkingContent | TextContent | ToolUseContent]:
+    blocks: list[ThinkingContent | TextContent | ToolUseContent] = []
+    if parser.reasoning:
+        blocks.append(ThinkingContent(thinking=parser.reasoning))
+    if parser.content.strip() or not parser.calls:
+        blocks.append(TextContent(text=parser.content))
+    blocks += [ToolUseContent(id=c.id, name=c.name, input=json.loads(c.arguments)) for c in parser.calls]
+    return blocks
 
 
 def started_message(meta: MessageMeta, num_input_tokens: int) -> MessageOut:

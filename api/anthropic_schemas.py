@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 _IGNORED_CACHE = "Accepted and ignored: prefix caching is automatic and shared."
+_DIRECT_CALLER = (
+    "Who made the call. SDKs echo {'type': 'direct'} (the model itself) back with the block; it says "
+    "nothing the prompt needs. Server-tool callers are refused."
+)
 
 
 class _Strict(BaseModel):
@@ -33,6 +37,16 @@ class ToolUseBlock(_Strict):
     name: str
     input: dict[str, Any]
     cache_control: dict[str, Any] | None = Field(None, description=_IGNORED_CACHE)
+    caller: dict[str, Any] | None = Field(None, description=_DIRECT_CALLER)
+
+    @field_validator("caller")
+    @classmethod
+    def _direct_caller_only(cls, caller: dict[str, Any] | None) -> dict[str, Any] | None:
+        if caller is not None and caller.get("type") != "direct":
+            raise ValueError(
+                f"caller type {caller.get('type')!r} is a server tool's; only 'direct' is served"
+            )
+        return caller
 
 
 class ToolResultBlock(_Strict):
@@ -43,12 +57,28 @@ class ToolResultBlock(_Strict):
     cache_control: dict[str, Any] | None = Field(None, description=_IGNORED_CACHE)
 
 
+class ImageSource(_Strict):
+    type: Literal["base64", "url"]
+    media_type: str | None = Field(
+        None, description="For base64: image/jpeg, image/png, image/gif or image/webp."
+    )
+    data: str | None = Field(None, description="For base64: the image, base64-encoded.")
+    url: str | None = Field(None, description="For url: an https: URL the server fetches.")
+
+
+class ImageBlock(_Strict):
+    """An image in a user turn; served by a vision-language model only (checked by the route)."""
+
+    type: Literal["image"]
+    source: ImageSource
+    cache_control: dict[str, Any] | None = Field(None, description=_IGNORED_CACHE)
+
+
 class UnsupportedBlock(BaseModel):
     """A block type Anthropic defines that this text-only server cannot read; rejected by name."""
 
     model_config = ConfigDict(extra="allow")
     type: Literal[
-        "image",
         "document",
         "search_result",
         "thinking",
@@ -65,7 +95,7 @@ class UnsupportedBlock(BaseModel):
 
 
 ContentBlock = Annotated[
-    TextBlock | ToolUseBlock | ToolResultBlock | UnsupportedBlock, Field(discriminator="type")
+    TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | UnsupportedBlock, Field(discriminator="type")
 ]
 
 
@@ -110,7 +140,12 @@ class _PromptFields(_Strict):
     tools: list[ToolDefinition] | None = None
     tool_choice: ToolChoice | None = None
     thinking: dict[str, Any] | None = Field(None, description="Only {'type': 'disabled'} is served.")
-    output_config: dict[str, Any] | None = Field(None, description="Refused unless empty.")
+    output_config: dict[str, Any] | None = Field(
+        None, description="Only `format`: {'type': 'json_schema', 'schema': ...}, enforced while decoding."
+    )
+    output_format: dict[str, Any] | None = Field(
+        None, description="The structured-outputs beta's spelling of output_config.format."
+    )
     context_management: dict[str, Any] | None = Field(None, description="Refused unless null.")
     mcp_servers: list[dict[str, Any]] | None = Field(None, description="Refused unless empty.")
     cache_control: dict[str, Any] | None = Field(None, description=_IGNORED_CACHE)

@@ -32,7 +32,8 @@ class Delta:
 class ChoiceState:
     """Accumulates one choice's batches; `num_prompt_tokens` may be preset to the prompt's length.
 
-    `stop_reason` is the engine's: the matched stop string, the stop token id, or None."""
+    `stop_reason` is the engine's: the matched stop string, the stop token id, or None.
+    `counts_prompt` is False for a prompt's samples after its first (`n` > 1): usage counts each prompt once."""
 
     index: int
     num_prompt_tokens: int = 0
@@ -43,6 +44,7 @@ class ChoiceState:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     token_ids: list[int] = field(default_factory=list)
+    counts_prompt: bool = True
 
     def add(self, batch: Iterable[RequestOutput]) -> Delta:
         offset, parts, logprobs = len(self.text), [], []

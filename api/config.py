@@ -72,6 +72,28 @@ class RateLimitConfig(_Strict):
         return self.burst if self.burst is not None else max(1, int(self.requests_per_minute))
 
 
+class ImageLimitsConfig(_Strict):
+    """Images in chat requests (served only by a vision-language model; see docs/vision.md)."""
+
+    max_images_per_request: int = Field(
+        8, ge=1, description="Most images one request may carry; beyond it the answer is 400."
+    )
+    max_image_bytes: int = Field(
+        10 * 1024 * 1024, ge=1024, description="Largest image, as sent or fetched, in bytes; beyond it 400."
+    )
+    max_image_pixels: int = Field(
+        40_000_000, ge=1, description="Largest image in pixels (width x height), checked before decoding."
+    )
+    fetch_timeout_s: float = Field(
+        10.0, gt=0, le=300, description="Longest time to fetch one http(s) image URL; beyond it 400."
+    )
+    allow_local_files: bool = Field(
+        False,
+        description="Let image URLs name files on the server (file:// or a path). Off: such URLs are 400, so "
+        "no request can make the server read a local file. Turn on only for trusted clients.",
+    )
+
+
 class LimitsConfig(_Strict):
     """Per-request limits. The waiting-queue bound is the engine's `max_waiting_requests` (beyond it:
     503 with Retry-After, 529 overloaded_error on Anthropic routes), since only the engine sees its queue."""
@@ -87,4 +109,7 @@ class LimitsConfig(_Strict):
     )
     rate_limit: RateLimitConfig | None = Field(
         None, description="Per-client token bucket; beyond it the answer is 429 with Retry-After. None: off."
+    )
+    images: ImageLimitsConfig = Field(
+        default_factory=ImageLimitsConfig, description="Image count, size and fetching limits."
     )

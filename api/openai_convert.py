@@ -8,17 +8,23 @@ No Ray, no MLX.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from engine.messages import SamplingParams
+from engine.parallel_sampling import MAX_N
 
 from api.errors import invalid, model_not_found, unsupported
 from api.openai_schemas import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
+    ContentPart,
     EmbeddingRequest,
     _SamplingFields,
 )
+from api.openai_tools import template_calls
+from api.structured_formats import openai_structured
+from api.template_messages import image_part, parts_turn, text_part
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_MODEL_ALIAS = "default"
@@ -37,12 +43,6 @@ def resolve_model(requested: str, model_name: str, served_model_name: str | None
 
 def check_chat_supported(req: ChatCompletionRequest) -> None:
     _check_common(req)
-    if req.tools:
-        raise unsupported("tools", "tool calling is not implemented")
-    if req.tool_choice not in (None, "none", "auto"):
-        raise unsupported(
-            "tool_choice", "tool calling is not implemented; only 'none' or 'auto' without tools"
-        )
     for param in ("functions", "function_call", "audio", "prediction", "reasoning_effort", "verbosity"):
         if getattr(req, param) is not None:
             raise unsupported(param, "not implemented by this server")
@@ -62,8 +62,8 @@ def check_chat_supported(req: ChatCompletionRequest) -> None:
 
 def check_completion_supported(req: CompletionRequest) -> None:
     _check_common(req)
-    if req.best_of not in (None, 1):
-        raise unsupported("best_of", "only best_of=1 is served")
+    if req.best_of not in (None, samples_per_prompt(req)):
+        raise unsupported("best_of", "only best_of equal to n is served (every sample is returned)")
     if req.echo:
         raise unsupported("echo", "echoing the prompt is not implemented")
     if req.suffix:
@@ -71,43 +71,75 @@ def check_completion_supported(req: CompletionRequest) -> None:
 
 
 def _check_common(req: _SamplingFields) -> None:
-    if req.n not in (None, 1):
-        raise unsupported("n", "only n=1 is served; send several requests instead")
-    if req.response_format is not None and req.response_format.get("type") != "text":
-        raise unsupported("response_format", "only {'type': 'text'} is served (no JSON mode or schemas)")
+    if req.n is not None and not 1 <= req.n <= MAX_N:
+        raise unsupported("n", f"at most n={MAX_N} choices per prompt are served; send several requests")
+    openai_structured(req)  # a malformed format is a 400 before any tokenizing
     if req.stream_options is not None and not req.stream:
         raise invalid("stream_options", "'stream_options' is only allowed when 'stream' is true")
 
 
 def _check_message(i: int, message: ChatMessage) -> None:
-    for param in ("tool_calls", "function_call", "audio"):
+    for param in ("function_call", "audio"):
         if getattr(message, param) is not None:
-            raise unsupported(f"messages[{i}].{param}", "tool calls and audio are not implemented")
+            raise unsupported(f"messages[{i}].{param}", "use tool_calls; audio is not implemented")
+    if message.tool_calls and message.role != "assistant":
+        raise invalid(f"messages[{i}].tool_calls", "only assistant messages carry tool_calls")
     if isinstance(message.content, list):
         for j, part in enumerate(message.content):
-            if part.type != "text" or part.text is None:
+            if part.type == "image_url" and message.role == "user":
+                _check_image_part(f"messages[{i}].content[{j}]", part)
+            elif part.type != "text" or part.text is None:
                 raise unsupported(
-                    f"messages[{i}].content[{j}]", f"only text parts are served, not {part.type!r}"
+                    f"messages[{i}].content[{j}]",
+                    f"only text and (in user turns) image_url parts are served, not {part.type!r}",
                 )
+
+
+def _check_image_part(where: str, part: ContentPart) -> None:
+    image = part.image_url or {}
+    if not isinstance(image.get("url"), str) or not image["url"]:
+        raise invalid(
+            f"{where}.image_url.url", f"{where}: an image_url part needs image_url.url, a URL string"
+        )
+    if image.get("detail") not in (None, "auto"):
+        raise unsupported(f"{where}.image_url.detail", "the model's processor sets the detail; send 'auto'")
+    if set(image) - {"url", "detail"}:
+        raise invalid(f"{where}.image_url", f"{where}.image_url takes only 'url' and 'detail'")
 
 
 # --- prompts -----------------------------------------------------------------------------------
 
 
-def chat_messages(req: ChatCompletionRequest) -> list[dict[str, str]]:
+def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
     """Messages as plain dicts for the chat template; `developer` is the newer name of `system`."""
-    return [_template_message(message) for message in req.messages]
+    return [_template_message(i, message) for i, message in enumerate(req.messages)]
 
 
-def _template_message(message: ChatMessage) -> dict[str, str]:
+def chat_image_urls(req: ChatCompletionRequest) -> list[str]:
+    """The image URLs of every image_url part, in prompt order (checked by check_chat_supported)."""
+    return [
+        part.image_url["url"]  # type: ignore[index]
+        for message in req.messages
+        if isinstance(message.content, list)
+        for part in message.content
+        if part.type == "image_url"
+    ]
+
+
+def _template_message(i: int, message: ChatMessage) -> dict[str, Any]:
+    role = "system" if message.role == "developer" else message.role
     content = message.content
     if isinstance(content, list):
-        content = "\n".join(part.text or "" for part in content)
-    out = {"role": "system" if message.role == "developer" else message.role, "content": content or ""}
+        parts = [image_part() if p.type == "image_url" else text_part(p.text or "") for p in content]
+        out = parts_turn(role, parts)
+    else:
+        out = {"role": role, "content": content or ""}
     if message.name is not None:
         out["name"] = message.name
     if message.tool_call_id is not None:
         out["tool_call_id"] = message.tool_call_id
+    if message.tool_calls:
+        out["tool_calls"] = template_calls(i, message.tool_calls)
     return out
 
 
@@ -175,6 +207,7 @@ def _sampling_params(req: _SamplingFields, max_tokens: int | None, logprobs: int
         ignore_eos=bool(req.ignore_eos),
         logprobs=logprobs,
         skip_special_tokens=True if req.skip_special_tokens is None else req.skip_special_tokens,
+        structured=openai_structured(req),
     )
 
 
@@ -196,6 +229,11 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
             raise invalid("logit_bias", f"logit_bias values lie in [-100, 100]; got {value} for {key}")
         out[int(key)] = value
     return out
+
+
+def samples_per_prompt(req: _SamplingFields) -> int:
+    """`n`: the choices sampled from each prompt, which share the prompt's KV in the engine."""
+    return 1 if req.n is None else req.n
 
 
 def include_usage(req: _SamplingFields) -> bool:

@@ -1,7 +1,7 @@
 """Engine `RequestOutput` batches -> OpenAI chat.completion(.chunk) and text_completion objects.
 
 Owns usage and the OpenAI rendering of each choice; api/choice_state.py accumulates the batches (and
-raises the `ApiError` of a failed request). One engine request is one choice. No Ray, no MLX.
+raises the `ApiError` of a failed request). Each sample of each engine request is one choice. No Ray, no MLX.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ from api.openai_responses import (
     TopLogprob,
     Usage,
 )
+from api.openai_tools import delta_fields, finish_reason, message_fields
+from api.output_parser import OutputParser, OutputParsing, parse_whole
 
 TokenText = Mapping[int, str]  # token id -> its text, for logprobs
 
@@ -53,10 +55,11 @@ class ResponseMeta:
 
 
 def usage(states: Iterable[ChoiceState]) -> Usage:
+    """Each prompt once (a prompt's `n` samples share it), every choice's completion tokens."""
     states = list(states)
-    prompt = sum(s.num_prompt_tokens for s in states)
+    prompt = sum(s.num_prompt_tokens for s in states if s.counts_prompt)
     completion = sum(s.num_output_tokens for s in states)
-    cached = sum(s.num_cached_tokens for s in states)
+    cached = sum(s.num_cached_tokens for s in states if s.counts_prompt)
     return Usage(
         prompt_tokens=prompt,
         completion_tokens=completion,
@@ -77,32 +80,49 @@ def logprob_token_ids(entries: Iterable[TokenLogprob] | None) -> set[int]:
 # --- chat --------------------------------------------------------------------------------------
 
 
-def chat_completion(meta: ResponseMeta, states: list[ChoiceState], text: TokenText) -> ChatCompletion:
-    choices = [
-        ChatChoice(
-            index=s.index,
-            message=ChatMessageOut(content=s.text),
-            logprobs=_chat_logprobs(s.logprobs, text),
-            finish_reason=s.finish_reason,
+def chat_completion(
+    meta: ResponseMeta, states: list[ChoiceState], text: TokenText, parsing: OutputParsing | None = None
+) -> ChatCompletion:
+    """`parsing`: how to read tool calls and reasoning out of each choice's text (None: plain text)."""
+    choices = []
+    for s in states:
+        parser = parse_whole(parsing, s.text) if parsing is not None and parsing.active else None
+        message = ChatMessageOut(**message_fields(parser)) if parser else ChatMessageOut(content=s.text)
+        choices.append(
+            ChatChoice(
+                index=s.index,
+                message=message,
+                logprobs=_chat_logprobs(s.logprobs, text),
+                finish_reason=finish_reason(s.finish_reason, parser),
+            )
         )
-        for s in states
-    ]
     return ChatCompletion(
         id=meta.id, created=meta.created, model=meta.model, choices=choices, usage=usage(states)
     )
 
 
 def chat_chunk(
-    meta: ResponseMeta, index: int, delta: Delta, first: bool, with_usage: bool, text: TokenText
+    meta: ResponseMeta,
+    index: int,
+    delta: Delta,
+    first: bool,
+    with_usage: bool,
+    text: TokenText,
+    parser: OutputParser | None = None,
 ) -> ChatCompletionChunk | None:
-    """One chunk for one batch; None when the batch added nothing (text held back by the detokenizer)."""
-    if delta.empty and not first:
+    """One chunk for one batch; None when the batch added nothing (text held back by the detokenizer,
+    or by `parser` while it might be part of a tool-call tag)."""
+    fields: dict = {"content": delta.text} if delta.text or first else {}
+    if parser is not None:
+        events = parser.feed(delta.text) + (parser.finish() if delta.finish_reason else [])
+        fields = delta_fields(events) or ({"content": ""} if first else {})
+    if not fields and delta.finish_reason is None and not delta.logprobs and not first:
         return None
     choice = ChatChunkChoice(
         index=index,
-        delta=ChatDelta(role="assistant", content=delta.text) if first else ChatDelta(content=delta.text),
+        delta=ChatDelta(role="assistant", **fields) if first else ChatDelta(**fields),
         logprobs=_chat_logprobs(delta.logprobs, text),
-        finish_reason=delta.finish_reason,
+        finish_reason=finish_reason(delta.finish_reason, parser),
     )
     chunk = ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model, choices=[choice])
     if with_usage:

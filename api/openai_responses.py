@@ -51,7 +51,10 @@ class ChatChoiceLogprobs(_Response):
 
 class ChatMessageOut(_Response):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[dict[str, Any]] | None = None  # set only when the model called tools
+    reasoning: str | None = None  # set only with a reasoning parser; also sent as reasoning_content
+    reasoning_content: str | None = None
 
 
 class ChatChoice(_Response):
@@ -73,6 +76,9 @@ class ChatCompletion(_Response):
 class ChatDelta(_Response):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    reasoning: str | None = None
+    reasoning_content: str | None = None
 
 
 class ChatChunkChoice(_Response):

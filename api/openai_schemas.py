@@ -55,7 +55,9 @@ class _SamplingFields(_Strict):
         None, description="Token id (as a string) -> bias in [-100, 100]."
     )
     max_tokens: int | None = Field(None, ge=1)
-    n: int | None = Field(None, ge=1, description="Only 1 is served.")
+    n: int | None = Field(
+        None, ge=1, description="Choices per prompt, at most 16; they share the prompt's KV."
+    )
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool | None = None
@@ -72,7 +74,12 @@ class _SamplingFields(_Strict):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
-    response_format: dict[str, Any] | None = Field(None, description="Only {'type': 'text'} is served.")
+    guided_json: dict[str, Any] | str | None = Field(None, description="vLLM's: a JSON schema to follow.")
+    guided_regex: str | None = Field(None, description="vLLM's: a regular expression the output matches.")
+    guided_choice: list[str] | None = Field(None, description="vLLM's: the output is one of these strings.")
+    response_format: dict[str, Any] | None = Field(
+        None, description="{'type': 'text' | 'json_object' | 'json_schema'}; JSON is enforced while decoding."
+    )
 
 
 class ChatCompletionRequest(_SamplingFields):

@@ -2,7 +2,7 @@
 
 Owns which Responses fields are honoured: anything parsed but not honoured is a 400 naming the field,
 never dropped. Function calls and their outputs in `input` become chat-template tool calls and tool
-turns. The reverse direction lives in api/responses_outputs.py. No Ray, no MLX.
+turns; reasoning items become the next assistant turn's `reasoning_content`. The reverse direction lives in api/responses_outputs.py. No Ray, no MLX.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 
 from engine.messages import SamplingParams
 
+from api import openai_tools
 from api.errors import ApiError, invalid, unsupported
 from api.responses_schemas import (
     FunctionCallItem,
@@ -19,11 +20,14 @@ from api.responses_schemas import (
     FunctionTool,
     InputText,
     MessageItem,
+    ReasoningItem,
     Refusal,
     ResponsesRequest,
     UnsupportedPart,
 )
-from api.template_messages import ChatPrompt, Message, Tool, function_tool, text_turn, tool_call, tool_result
+from api.responses_tools import tool_choice
+from api.structured_formats import responses_text_format
+from api.template_messages import ChatPrompt, Message, Tool, text_turn, tool_call, tool_result
 
 _NOT_YET = "not supported yet"
 
@@ -34,8 +38,7 @@ def check_supported(req: ResponsesRequest) -> None:
     _check_tools(req)
     _check_refused_fields(req)
     if req.text is not None:
-        if req.text.format is not None and req.text.format.get("type") != "text":
-            raise unsupported("text.format", "only {'type': 'text'} is served (no JSON mode or schemas)")
+        responses_text_format(req.text.format)
         if req.text.verbosity is not None:
             raise unsupported("text.verbosity", "not implemented by this server")
     if req.reasoning and any(value is not None for value in req.reasoning.values()):
@@ -67,12 +70,12 @@ def _check_tools(req: ResponsesRequest) -> None:
     for i, tool in enumerate(req.tools or []):
         if not isinstance(tool, FunctionTool):
             raise unsupported(f"tools[{i}]", f"tool type {tool.type!r} is {_NOT_YET}; only 'function' tools")
-    if req.tool_choice not in (None, "auto", "none"):
-        raise unsupported("tool_choice", f"forcing a tool call is {_NOT_YET}; use 'auto' or 'none'")
 
 
 def _check_items(items: list) -> None:
     for i, item in enumerate(items):
+        if isinstance(item, ReasoningItem) and item.encrypted_content is not None:
+            raise unsupported(f"input[{i}].encrypted_content", "this server encrypts no reasoning")
         if isinstance(item, MessageItem) and not isinstance(item.content, str):
             for j, part in enumerate(item.content):
                 if isinstance(part, UnsupportedPart):
@@ -92,12 +95,33 @@ def input_turns(req: ResponsesRequest) -> list[Message]:
     turns: list[Message] = []
     for i, item in enumerate(req.input):
         if isinstance(item, MessageItem):
-            turns.append(_message_turn(item))
+            _add_message(turns, item)
         elif isinstance(item, FunctionCallItem):
             _add_call(turns, item, f"input[{i}].arguments")
+        elif isinstance(item, ReasoningItem):
+            turns.append({**text_turn("assistant", ""), "reasoning_content": _reasoning_text(item)})
         else:
             turns.append(tool_result(item.call_id, _output_text(item)))
     return turns
+
+
+def _add_message(turns: list[Message], item: MessageItem) -> None:
+    """An assistant message right after its reasoning fills the turn the reasoning opened."""
+    turn = _message_turn(item)
+    last = turns[-1] if turns else None
+    if turn["role"] == "assistant" and last is not None and _is_reasoning_only(last):
+        last["content"] = turn["content"]
+    else:
+        turns.append(turn)
+
+
+def _is_reasoning_only(turn: Message) -> bool:
+    return turn["role"] == "assistant" and "reasoning_content" in turn and not turn["content"]
+
+
+def _reasoning_text(item: ReasoningItem) -> str:
+    parts = item.content if item.content else item.summary
+    return "\n".join(part.text for part in parts)
 
 
 def _message_turn(item: MessageItem) -> Message:
@@ -142,10 +166,8 @@ def chat_prompt(req: ResponsesRequest, conversation: list[Message]) -> ChatPromp
 
 
 def template_tools(req: ResponsesRequest) -> list[Tool] | None:
-    """Tool definitions for the template; none with tool_choice 'none', so the model cannot call one."""
-    if not req.tools or req.tool_choice == "none":
-        return None
-    return [function_tool(t.name, t.description, t.parameters) for t in req.tools]  # type: ignore[union-attr]
+    """Tool definitions for the template: the offered (allowed) ones; none with tool_choice 'none'."""
+    return openai_tools.template_tools(tool_choice(req))
 
 
 def previous_not_found(response_id: str) -> ApiError:
@@ -161,4 +183,5 @@ def sampling_params(req: ResponsesRequest) -> SamplingParams:
         max_tokens=req.max_output_tokens,
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
+        structured=responses_text_format(req.text.format) if req.text is not None else None,
     )

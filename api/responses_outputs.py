@@ -1,7 +1,7 @@
 """A `ChoiceState` (the engine's accumulated output) -> the Responses API's `response` object and items.
 
-Owns the response wire shapes of /v1/responses: one assistant message item with one output_text part,
-the status (completed, or incomplete at max_output_tokens), usage, and the request settings every
+Owns the response wire shapes of /v1/responses: assistant message items with one output_text part,
+function_call and reasoning items, the status (completed, or incomplete at max_output_tokens), usage, and the request settings every
 response echoes. No Ray, no MLX.
 """
 
@@ -47,6 +47,33 @@ class OutputMessage(BaseModel):
     content: list[OutputText]
 
 
+class FunctionCallOut(BaseModel):
+    type: Literal["function_call"] = "function_call"
+    id: str
+    call_id: str
+    name: str
+    arguments: str  # a JSON object's text (cut short when the output was)
+    status: Status
+
+
+class ReasoningPart(BaseModel):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class ReasoningOut(BaseModel):
+    """The reasoning parser's text as `content`; no model summarizes it, so `summary` stays empty."""
+
+    type: Literal["reasoning"] = "reasoning"
+    id: str
+    summary: list[dict[str, Any]] = Field(default_factory=list)
+    content: list[ReasoningPart]
+    status: Status
+
+
+OutputItem = OutputMessage | FunctionCallOut | ReasoningOut
+
+
 class InputTokensDetails(BaseModel):
     cached_tokens: int
 
@@ -71,7 +98,7 @@ class ResponseObject(BaseModel):
     error: dict[str, Any] | None = None
     incomplete_details: dict[str, str] | None = None
     model: str
-    output: list[OutputMessage]
+    output: list[OutputItem]
     usage: ResponseUsage | None = None
     settings: dict[str, Any] = Field(exclude=True)  # the request's, echoed at the top level by dump()
 
@@ -126,7 +153,10 @@ def started_response(meta: ResponseMeta, echo: dict[str, Any]) -> ResponseObject
     )
 
 
-def finished_response(meta: ResponseMeta, echo: dict[str, Any], state: ChoiceState) -> ResponseObject:
+def finished_response(
+    meta: ResponseMeta, echo: dict[str, Any], state: ChoiceState, output: list[OutputItem] | None = None
+) -> ResponseObject:
+    """`output`: the parsed items (api/responses_items.py); by default the whole text as one message."""
     status = final_status(state)
     incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
     return ResponseObject(
@@ -135,7 +165,7 @@ def finished_response(meta: ResponseMeta, echo: dict[str, Any], state: ChoiceSta
         status=status,
         incomplete_details=incomplete,
         model=meta.model,
-        output=[output_message(meta, state, status)],
+        output=[output_message(meta, state, status)] if output is None else output,
         usage=usage(state),
         settings=echo,
     )

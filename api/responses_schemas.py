@@ -65,6 +65,28 @@ class FunctionCallOutputItem(_Strict):
     status: str | None = None
 
 
+class SummaryText(_Strict):
+    type: Literal["summary_text"]
+    text: str
+
+
+class ReasoningText(_Strict):
+    type: Literal["reasoning_text"]
+    text: str
+
+
+class ReasoningItem(_Strict):
+    """Reasoning of an earlier turn, sent back as OpenAI's clients do: it goes into the next assistant
+    turn's `reasoning_content` (chat templates that know reasoning render it, others drop it)."""
+
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[SummaryText] = Field(default_factory=list)
+    content: list[ReasoningText] | None = None
+    encrypted_content: str | None = Field(None, description="Refused unless null: this server encrypts none.")
+    status: str | None = None
+
+
 def _item_type(item: Any) -> str:
     kind = item.get("type", "message") if isinstance(item, dict) else getattr(item, "type", "message")
     return kind if isinstance(kind, str) else "message"
@@ -73,7 +95,8 @@ def _item_type(item: Any) -> str:
 InputItem = Annotated[
     Annotated[MessageItem, Tag("message")]
     | Annotated[FunctionCallItem, Tag("function_call")]
-    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[ReasoningItem, Tag("reasoning")],
     Discriminator(_item_type),
 ]
 
@@ -83,7 +106,9 @@ class FunctionTool(_Strict):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
-    strict: bool | None = Field(None, description="Accepted: this server produces no tool calls yet.")
+    strict: bool | None = Field(
+        None, description="Accepted: forced calls follow the schema by grammar, free ones are not checked."
+    )
 
 
 class OtherTool(BaseModel):
@@ -105,7 +130,9 @@ Tool = Annotated[
 
 
 class TextConfig(_Strict):
-    format: dict[str, Any] | None = Field(None, description="Only {'type': 'text'} is served.")
+    format: dict[str, Any] | None = Field(
+        None, description="{'type': 'text' | 'json_object' | 'json_schema', 'schema': ...}; JSON is enforced."
+    )
     verbosity: str | None = Field(None, description="Refused unless null.")
 
 
@@ -123,9 +150,15 @@ class ResponsesRequest(_Strict):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     tools: list[Tool] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = Field(None, description="Accepted: no tool calls are produced yet.")
-    max_tool_calls: int | None = Field(None, ge=0, description="Accepted: no tool calls are produced yet.")
+    tool_choice: str | dict[str, Any] | None = Field(
+        None,
+        description="'auto', 'none', 'required', {'type': 'function', 'name': ...} or {'type': "
+        "'allowed_tools', 'mode': ..., 'tools': [...]}; a forcing choice is enforced by grammar.",
+    )
+    parallel_tool_calls: bool | None = Field(None, description="False: at most one call is read or forced.")
+    max_tool_calls: int | None = Field(
+        None, ge=0, description="Accepted: it limits built-in tool calls, and this server has none."
+    )
     metadata: dict[str, str] | None = Field(None, description="Echoed in the response.")
     text: TextConfig | None = None
     reasoning: dict[str, Any] | None = Field(None, description="Refused unless empty.")

@@ -3,7 +3,8 @@
 Owns the event order: response.created, response.in_progress, response.output_item.added,
 response.content_part.added, response.output_text.delta per batch with text, response.output_text.done,
 response.content_part.done, response.output_item.done, then response.completed (or response.incomplete
-at max_output_tokens). A failure after the first byte ends the stream with response.failed.
+at max_output_tokens). With tool or reasoning parsing, the items between in_progress and completed
+are api/responses_items.py's. A failure after the first byte ends the stream with response.failed.
 No Ray, no MLX.
 """
 
@@ -19,7 +20,10 @@ from engine.messages import RequestOutput
 from api import sse
 from api.choice_state import ChoiceState
 from api.errors import ApiError
+from api.output_parser import OutputParser, OutputParsing
+from api.responses_items import OutputItems
 from api.responses_outputs import (
+    OutputItem,
     OutputText,
     ResponseMeta,
     ResponseObject,
@@ -52,9 +56,17 @@ async def response_events(
     echo: dict[str, Any],
     state: ChoiceState,
     batches: Batches,
-    on_finished: Callable[[ChoiceState], None],
+    on_finished: Callable[[list[OutputItem]], None],
+    parsing: OutputParsing | None = None,
+    parallel: bool = True,
 ) -> AsyncIterator[str]:
-    """`on_finished` runs before the final event, so a follow-up sent on seeing it finds the response."""
+    """`on_finished` gets the final output before the final event, so a follow-up sent on seeing it
+    finds the response. With an active `parsing`, reasoning, message and function_call items stream
+    as the output is read (api/responses_items.py)."""
+    if parsing is not None and parsing.active:
+        async for frame in _parsed_events(meta, echo, state, batches, on_finished, parsing, parallel):
+            yield frame
+        return
     event = _Sequencer()
     started = started_response(meta, echo).dump()
     yield event("response.created", response=started)
@@ -67,22 +79,63 @@ async def response_events(
                 if text := state.add(batch).text:
                     yield event("response.output_text.delta", **_part_fields(meta), delta=text, logprobs=[])
     except ApiError as exc:
-        yield event("response.failed", response=_failed(meta, echo, exc).dump())
+        yield _failed_event(event, meta, echo, exc)
         return
     except Exception as exc:
         logger.exception("stream failed")
-        error = ApiError(500, f"the stream failed: {type(exc).__name__}: {exc}", code="server_error")
-        yield event("response.failed", response=_failed(meta, echo, error).dump())
+        yield _failed_event(event, meta, echo, _stream_error(exc))
         return
-    on_finished(state)
-    for frame in _closing_events(event, meta, echo, state):
+    final = finished_response(meta, echo, state)
+    on_finished(final.output)
+    for frame in _closing_events(event, meta, state, final):
         yield frame
 
 
+async def _parsed_events(
+    meta: ResponseMeta,
+    echo: dict[str, Any],
+    state: ChoiceState,
+    batches: Batches,
+    on_finished: Callable[[list[OutputItem]], None],
+    parsing: OutputParsing,
+    parallel: bool,
+) -> AsyncIterator[str]:
+    event = _Sequencer()
+    started = started_response(meta, echo).dump()
+    yield event("response.created", response=started)
+    yield event("response.in_progress", response=started)
+    items, parser = OutputItems(meta, event, parallel), OutputParser(parsing)
+    try:
+        async with aclosing(batches):
+            async for _, batch in batches:
+                for frame in items.frames(parser.feed(state.add(batch).text)):
+                    yield frame
+        closing = items.frames(parser.finish()) + items.close(final_status(state))
+    except ApiError as exc:
+        yield _failed_event(event, meta, echo, exc)
+        return
+    except Exception as exc:
+        logger.exception("stream failed")
+        yield _failed_event(event, meta, echo, _stream_error(exc))
+        return
+    final = finished_response(meta, echo, state, items.output)
+    on_finished(final.output)
+    for frame in closing:
+        yield frame
+    yield event(f"response.{final.status}", response=final.dump())
+
+
+def _stream_error(exc: Exception) -> ApiError:
+    return ApiError(500, f"the stream failed: {type(exc).__name__}: {exc}", code="server_error")
+
+
+def _failed_event(event: _Sequencer, meta: ResponseMeta, echo: dict[str, Any], exc: ApiError) -> str:
+    return event("response.failed", response=_failed(meta, echo, exc).dump())
+
+
 def _closing_events(
-    event: _Sequencer, meta: ResponseMeta, echo: dict[str, Any], state: ChoiceState
+    event: _Sequencer, meta: ResponseMeta, state: ChoiceState, final: ResponseObject
 ) -> list[str]:
-    final = finished_response(meta, echo, state)
     return [
         event("response.output_text.done", **_part_fields(meta), text=state.text, logprobs=[]),
         event(

@@ -18,6 +18,23 @@ def text_turn(role: str, content: str) -> Message:
     return {"role": role, "content": content}
 
 
+def text_part(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def image_part() -> dict[str, Any]:
+    """Where an image sits in a turn's content parts; the images' URLs travel beside the messages, in
+    order (`ChatPrompt.image_urls`), and the model's processor expands each part into image tokens."""
+    return {"type": "image"}
+
+
+def parts_turn(role: str, parts: list[dict[str, Any]]) -> Message:
+    """A turn with images: its content is the parts; a text-only turn keeps a plain string content."""
+    if any(part["type"] == "image" for part in parts):
+        return {"role": role, "content": parts}
+    return text_turn(role, "\n".join(part["text"] for part in parts))
+
+
 def tool_call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     """Arguments as a dict: templates render them with `tojson` (a JSON string would be quoted twice)."""
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
@@ -52,6 +69,7 @@ class ChatPrompt:
     messages: list[Message]
     tools: list[Tool] | None = None
     continue_final_message: bool = False
+    image_urls: tuple[str, ...] = ()  # one per image part, in prompt order: data:, http(s): or file: URLs
 
     @property
     def add_generation_prompt(self) -> bool:

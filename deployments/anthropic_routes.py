@@ -9,20 +9,22 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from engine.messages import GenerateRequest
+from engine.messages import GenerateRequest, ImageInputs
 
 from fastapi.responses import JSONResponse, Response
 from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 
 from api import sse
-from api.anthropic_convert import chat_prompt, check_supported, sampling_params
+from api.anthropic_convert import chat_prompt, check_supported, sampling_params, tool_choice
 from api.anthropic_outputs import MessageMeta, message
 from api.anthropic_schemas import CountTokensRequest, MessagesRequest
 from api.anthropic_stream import message_events
 from api.body import parse_body
+from api.config import ImageLimitsConfig
 from deployments import chat_generation
 from deployments.messages import ModelInfo
+from deployments.output_parsing import OutputParsers
 
 PROMPT_PARAM = "messages"
 
@@ -34,36 +36,51 @@ class AnthropicRoutes:
         tokenizer: DeploymentHandle,
         resolve_model: Callable[[str], Awaitable[str]],
         model_info: Callable[[], Awaitable[ModelInfo]],
+        parsers: OutputParsers,
     ):
         self._scheduler = scheduler
         self._tokenizer = tokenizer
         self._resolve_model = resolve_model
         self._model_info = model_info
+        self._parsers = parsers
+        self.image_limits = ImageLimitsConfig()  # the Ingress sets its configured limits
 
     async def create(self, request: Request) -> Response:
         req = await parse_body(request, MessagesRequest)
         meta = MessageMeta.new(await self._resolve_model(req.model))
         check_supported(req)
         params = sampling_params(req)
-        ids = await chat_generation.prompt_ids(self._tokenizer, chat_prompt(req), PROMPT_PARAM)
+        parsing = await self._parsers.for_request(tool_choice(req), params, "tool_choice")
+        ids, images = await self._prompt_inputs(req)
         # Anthropic's max_tokens is a ceiling, and Claude Code sends its own model's (32000) whatever
         # the served context: cap it to the room the prompt leaves; a prompt with no room still fails.
         room = (await self._model_info()).max_model_len - len(ids)
         if room > 0 and params.max_tokens is not None and params.max_tokens > room:
             params.max_tokens = room
         generation, state = await chat_generation.start(
-            self._scheduler, GenerateRequest(meta.id, ids, params), PROMPT_PARAM
+            self._scheduler, GenerateRequest(meta.id, ids, params, images), PROMPT_PARAM
         )
         if not req.stream:
             await chat_generation.collect(generation, state)
-            return JSONResponse(message(meta, state).dump())
-        frames = message_events(meta, state, generation.batches())
+            return JSONResponse(message(meta, state, parsing).dump())
+        frames = message_events(meta, state, generation.batches(), parsing)
         return sse.EventStreamResponse(frames, on_close=generation.cancel)
+
+    async def _prompt_inputs(
+        self, req: CountTokensRequest | MessagesRequest
+    ) -> tuple[list[int], ImageInputs | None]:
+        prompt = chat_prompt(req)
+        if not prompt.image_urls:
+            return await chat_generation.prompt_ids(self._tokenizer, prompt, PROMPT_PARAM), None
+        info = await self._model_info()
+        return await chat_generation.image_prompt_inputs(
+            self._tokenizer, prompt, PROMPT_PARAM, info, self.image_limits
+        )
 
     async def count_tokens(self, request: Request) -> Response:
         """The prompt's length exactly as /v1/messages would count it in `usage.input_tokens`."""
         req = await parse_body(request, CountTokensRequest)
         await self._resolve_model(req.model)
         check_supported(req)
-        ids = await chat_generation.prompt_ids(self._tokenizer, chat_prompt(req), PROMPT_PARAM)
+        ids, _ = await self._prompt_inputs(req)
         return JSONResponse({"input_tokens": len(ids)})

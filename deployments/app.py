@@ -25,10 +25,12 @@ from typing import Any
 
 from engine.config import EngineConfig
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from ray.serve import Application
 
 from api.config import LimitsConfig, SecurityConfig
+from api.reasoning_parsers import check_name as check_reasoning_name
+from api.tool_parsers import canonical_name
 from deployments.embedder import Embedder
 from deployments.ingress import Ingress
 from deployments.scheduler import Scheduler
@@ -99,6 +101,26 @@ class AppConfig(_Strict):
     limits: LimitsConfig = Field(
         default_factory=LimitsConfig, description="Body size, rate limit, request timeout; api/config.py."
     )
+    tool_call_parser: str | None = Field(
+        "auto",
+        description="Tool-call format read from the output (docs/tools.md): 'auto' (from the chat "
+        "template), a name in api/tool_parsers (hermes, qwen3_coder, llama3_json, mistral, deepseek), "
+        "or None to refuse requests with tools.",
+    )
+    reasoning_parser: str | None = Field(
+        None,
+        description="'qwen3' or 'deepseek_r1': split <think> reasoning out of the answer; None: off.",
+    )
+
+    @field_validator("tool_call_parser")
+    @classmethod
+    def _known_tool_parser(cls, name: str | None) -> str | None:
+        return None if name is None else canonical_name(name)
+
+    @field_validator("reasoning_parser")
+    @classmethod
+    def _known_reasoning_parser(cls, name: str | None) -> str | None:
+        return None if name is None else check_reasoning_name(name)
 
     @model_validator(mode="after")
     def _check_scheduler_slots(self) -> AppConfig:
@@ -107,6 +129,15 @@ class AppConfig(_Strict):
                 f"scheduler.max_ongoing_requests {self.scheduler.max_ongoing_requests} is below "
                 f"engine.max_num_seqs {self.engine.max_num_seqs}, so Ray Serve would cap the batch; "
                 "raise it or lower max_num_seqs"
+            )
+        waiting = self.engine.max_waiting_requests
+        if waiting is not None and self.scheduler.max_ongoing_requests <= self.engine.max_num_seqs + waiting:
+            # Ray Serve queues whatever is past max_ongoing_requests in its router, unbounded and unseen
+            # by the engine, so the engine's bound (and its 503/529) would never be reached.
+            raise ValueError(
+                f"scheduler.max_ongoing_requests {self.scheduler.max_ongoing_requests} must exceed "
+                f"engine.max_num_seqs + engine.max_waiting_requests ({self.engine.max_num_seqs} + {waiting}), "
+                "or Ray Serve queues requests before the engine's waiting-queue bound refuses them"
             )
         return self
 
@@ -124,5 +155,12 @@ def build_app(args: dict[str, Any]) -> Application:
     ingress = Ingress.options(**config.ingress.actor_options())
     security = config.security.with_env_keys()
     return ingress.bind(
-        scheduler, tokenizer, embedder, config.engine.served_model_name, security, config.limits
+        scheduler,
+        tokenizer,
+        embedder,
+        config.engine.served_model_name,
+        security,
+        config.limits,
+        tool_call_parser=config.tool_call_parser,
+        reasoning_parser=config.reasoning_parser,
     )

@@ -7,14 +7,17 @@ from __future__ import annotations
 from contextlib import aclosing
 
 from engine.errors import EngineError
-from engine.messages import GenerateRequest
+from engine.messages import GenerateRequest, ImageInputs
 
 from ray.serve.handle import DeploymentHandle
 
 from api.choice_state import ChoiceState
-from api.errors import from_engine_error
+from api.config import ImageLimitsConfig
+from api.errors import from_engine_error, invalid
+from api.images import load_images
 from api.template_messages import ChatPrompt
 from deployments.generation import Generation
+from deployments.messages import ModelInfo
 
 
 async def prompt_ids(tokenizer: DeploymentHandle, prompt: ChatPrompt, prompt_param: str) -> list[int]:
@@ -27,6 +30,36 @@ async def prompt_ids(tokenizer: DeploymentHandle, prompt: ChatPrompt, prompt_par
             ids.param = prompt_param
         raise from_engine_error(ids, prompt_param)
     return ids
+
+
+async def image_prompt_inputs(
+    tokenizer: DeploymentHandle,
+    prompt: ChatPrompt,
+    prompt_param: str,
+    info: ModelInfo,
+    limits: ImageLimitsConfig,
+    add_generation_prompt: bool | None = None,
+) -> tuple[list[int], ImageInputs]:
+    """A prompt with images: refused by a text-only model, else the images are loaded (api/images.py)
+    and the Tokenizer processes them with the rendered prompt. Every failure is a 400."""
+    if not info.accepts_images:
+        raise invalid(
+            prompt_param,
+            f"the model {info.model_name!r} accepts no images; send text only, or serve a vision-language "
+            "model (docs/vision.md)",
+        )
+    images = await load_images(list(prompt.image_urls), limits)
+    result = await tokenizer.chat_prompt_inputs.remote(
+        prompt.messages,
+        images,
+        limits.max_image_pixels,
+        prompt.add_generation_prompt if add_generation_prompt is None else add_generation_prompt,
+        prompt.tools,
+        prompt.continue_final_message,
+    )
+    if isinstance(result, EngineError):
+        raise from_engine_error(result, prompt_param)
+    return result
 
 
 async def start(

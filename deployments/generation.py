@@ -1,7 +1,7 @@
 """Drives the Scheduler streams of one HTTP request, for the Ingress.
 
-Owns the streaming handle calls: starts one per choice, surfaces a rejection before any byte goes out,
-merges several choices' streams, and cancels whatever is still running when the caller goes away
+Owns the streaming handle calls: starts one per engine request, surfaces a rejection before any byte
+goes out, merges several streams, splits a request's `n` samples into choices, and cancels whatever is still running when the caller goes away
 (the Scheduler then aborts the request and frees its blocks). Converts nothing to JSON.
 """
 
@@ -14,9 +14,11 @@ from collections.abc import AsyncIterator
 from engine.errors import EngineError
 from engine.messages import GenerateRequest, RequestOutput
 
+from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from api.errors import ApiError, from_engine_error, internal_error
+from deployments.replica_errors import replica_died
 
 logger = logging.getLogger(__name__)
 
@@ -24,12 +26,17 @@ Batch = list[RequestOutput]
 
 
 class Generation:
-    """One Scheduler stream per request; `start()` once, then iterate `batches()` once."""
+    """One Scheduler stream per request; `start()` once, then iterate `batches()` once.
+
+    Request k's sample j is choice `sum(n of requests before k) + j`, so P prompts with n samples
+    each give choice p * n + j (as OpenAI numbers them)."""
 
     def __init__(self, scheduler: DeploymentHandle, requests: list[GenerateRequest], prompt_param: str):
         streaming = scheduler.options(stream=True)
         self._streams: list[DeploymentResponseGenerator] = [streaming.generate.remote(r) for r in requests]
         self._done = [False] * len(requests)
+        self._open = [set(range(r.n)) for r in requests]  # sample indices with no finished output yet
+        self._bases = [sum(r.n for r in requests[:k]) for k in range(len(requests))]
         self._firsts: list[Batch] = []
         self._prompt_param = prompt_param
 
@@ -49,16 +56,26 @@ class Generation:
     async def batches(self) -> AsyncIterator[tuple[int, Batch]]:
         """(choice index, batch) until every stream has finished; cancels the rest on exit."""
         try:
-            for index, batch in enumerate(self._firsts):
-                yield index, batch
+            for stream, batch in enumerate(self._firsts):
+                for item in self._split(stream, batch):
+                    yield item
             if len(self._streams) == 1:
                 while (batch := await self._next(0)) is not None:
-                    yield 0, batch  # type: ignore[misc]
+                    for item in self._split(0, batch):  # type: ignore[arg-type]
+                        yield item
             else:
-                async for index, batch in self._merged():
-                    yield index, batch
+                async for stream, batch in self._merged():
+                    for item in self._split(stream, batch):
+                        yield item
         finally:
             self.cancel()
+
+    def _split(self, stream: int, batch: Batch) -> list[tuple[int, Batch]]:
+        """One stream's batch as one sub-batch per choice (its outputs' sample index), in order."""
+        by_choice: dict[int, Batch] = {}
+        for out in batch:
+            by_choice.setdefault(self._bases[stream] + out.index, []).append(out)
+        return list(by_choice.items())
 
     async def _merged(self) -> AsyncIterator[tuple[int, Batch]]:
         queue: asyncio.Queue[tuple[int, Batch | BaseException | None]] = asyncio.Queue()
@@ -96,13 +113,18 @@ class Generation:
             return None
         except (ApiError, asyncio.CancelledError):
             raise
+        except RayActorError as exc:  # the replica's process died: Ray Serve is starting another
+            self._done[index] = True
+            logger.warning("the Scheduler replica of stream %d died: %s", index, type(exc).__name__)
+            raise replica_died() from exc
         except Exception as exc:
             self._done[index] = True
             logger.exception("Scheduler stream %d failed", index)
             message = f"the scheduler failed: {type(exc).__name__}: {exc}"
             raise internal_error(message, "scheduler_failed") from exc
-        if isinstance(item, list) and item and item[-1].finished:
-            self._done[index] = True
+        if isinstance(item, list):
+            self._open[index] -= {out.index for out in item if out.finished}
+            self._done[index] = not self._open[index]
         return item
 
     def cancel(self) -> None:

@@ -11,7 +11,7 @@ from contextlib import aclosing
 from typing import Any
 
 from engine.errors import EngineError
-from engine.messages import GenerateRequest, SamplingParams
+from engine.messages import GenerateRequest, ImageInputs, SamplingParams
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -28,6 +28,7 @@ from api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from api.metrics import render_metrics
 from api.openai_convert import (
     add_generation_prompt,
+    chat_image_urls,
     chat_messages,
     chat_sampling_params,
     check_chat_supported,
@@ -37,6 +38,7 @@ from api.openai_convert import (
     embedding_inputs,
     include_usage,
     resolve_model,
+    samples_per_prompt,
 )
 from api.openai_outputs import (
     ChoiceState,
@@ -55,12 +57,18 @@ from api.openai_outputs import (
 from api.openai_responses import ModelCard, ModelList
 from api.openai_schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from api.openai_stream import sse_frames
+from api.openai_tools import template_tools, tool_choice
 from api.openapi import install_openapi, request_body
+from api.output_parser import OutputParser
 from api.responses_schemas import ResponsesRequest
 from api.status import status_body, total_stats
+from api.template_messages import ChatPrompt
+from deployments import chat_generation
 from deployments.anthropic_routes import AnthropicRoutes
 from deployments.generation import Generation
 from deployments.messages import ModelInfo
+from deployments.output_parsing import OutputParsers
+from deployments.replica_errors import install_replica_died_handler
 from deployments.replica_stats import gather_stats
 from deployments.responses_routes import ResponsesRoutes
 
@@ -68,6 +76,7 @@ _STATUS_TIMEOUT_S = 10.0
 
 app = FastAPI(title="mlx-ray-serve", docs_url=None, redoc_url=None)
 install_error_handlers(app)
+install_replica_died_handler(app)  # a dead Tokenizer/Embedder replica: 503, retryable
 install_openapi(app)
 
 
@@ -99,6 +108,8 @@ class Ingress:
         served_model_name: str | None,
         security: SecurityConfig | None = None,
         limits: LimitsConfig | None = None,
+        tool_call_parser: str | None = "auto",
+        reasoning_parser: str | None = None,
     ):
         self.security = security or SecurityConfig()  # read by api/guard.py via _guard_configs
         self.limits = limits or LimitsConfig()
@@ -108,8 +119,12 @@ class Ingress:
         self._served_model_name = served_model_name
         self._info: ModelInfo | None = None
         self._embedding_model: str | None = None
-        self._anthropic = AnthropicRoutes(scheduler, tokenizer, self._resolve_model, self._model_info)
-        self._responses = ResponsesRoutes(scheduler, tokenizer, self._resolve_model)
+        self._parsers = OutputParsers(tokenizer, tool_call_parser, reasoning_parser)
+        self._anthropic = AnthropicRoutes(
+            scheduler, tokenizer, self._resolve_model, self._model_info, self._parsers
+        )
+        self._anthropic.image_limits = self.limits.images
+        self._responses = ResponsesRoutes(scheduler, tokenizer, self._resolve_model, self._parsers)
 
     @app.get("/health")
     async def health(self) -> dict[str, str]:
@@ -154,19 +169,37 @@ class Ingress:
         model = await self._resolve_model(req.model)
         check_chat_supported(req)
         params = chat_sampling_params(req)
-        prompt_ids = await self._tokenizer.chat_prompt_ids.remote(
-            chat_messages(req), add_generation_prompt(req)
-        )
+        choice = tool_choice(req.tools, req.tool_choice, req.parallel_tool_calls)
+        parsing = await self._parsers.for_request(choice, params, "tool_choice")
+        images = None
+        if image_urls := chat_image_urls(req):
+            prompt = ChatPrompt(chat_messages(req), template_tools(choice), image_urls=tuple(image_urls))
+            prompt_ids, images = await chat_generation.image_prompt_inputs(
+                self._tokenizer,
+                prompt,
+                "messages",
+                await self._model_info(),
+                self.limits.images,
+                add_generation_prompt(req),
+            )
+        else:
+            prompt_ids = await self._tokenizer.chat_prompt_ids.remote(
+                chat_messages(req), add_generation_prompt(req), template_tools(choice)
+            )
         if isinstance(prompt_ids, EngineError):
             raise from_engine_error(prompt_ids, "messages")
         meta = ResponseMeta.new("chatcmpl", model)
-        generation, states = await self._generate(meta, [prompt_ids], params, "messages")
+        n = samples_per_prompt(req)
+        generation, states = await self._generate(meta, [prompt_ids], params, "messages", n, images)
         if not req.stream:
             await _collect(generation, states)
-            return JSONResponse(chat_completion(meta, states, await self._token_texts(states)).dump())
+            texts = await self._token_texts(states)
+            return JSONResponse(chat_completion(meta, states, texts, parsing).dump())
+
+        parsers = [OutputParser(parsing) if parsing.active else None for _ in states]
 
         def chunk(index: int, delta: Delta, first: bool, text: TokenText):
-            return chat_chunk(meta, index, delta, first, include_usage(req), text)
+            return chat_chunk(meta, index, delta, first, include_usage(req), text, parsers[index])
 
         usage_chunk = (lambda: chat_usage_chunk(meta, states)) if include_usage(req) else None
         frames = sse_frames(generation.batches(), states, chunk, usage_chunk, self._texts_for)
@@ -183,7 +216,7 @@ class Ingress:
         encoded = iter(await self._tokenizer.encode.remote(texts) if texts else [])
         prompt_ids = [next(encoded) if isinstance(p, str) else p for p in prompts]
         meta = ResponseMeta.new("cmpl", model)
-        generation, states = await self._generate(meta, prompt_ids, params, "prompt")
+        generation, states = await self._generate(meta, prompt_ids, params, "prompt", samples_per_prompt(req))
         if not req.stream:
             await _collect(generation, states)
             return JSONResponse(completion(meta, states, await self._token_texts(states)).dump())
@@ -241,14 +274,26 @@ class Ingress:
         return resolve_model(requested, info.model_name, self._served_model_name)
 
     async def _generate(
-        self, meta: ResponseMeta, prompts: list[list[int]], params: SamplingParams, prompt_param: str
+        self,
+        meta: ResponseMeta,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        prompt_param: str,
+        n: int,
+        images: ImageInputs | None = None,
     ) -> tuple[Generation, list[ChoiceState]]:
-        """Starts one engine request per choice; raises the ApiError of a rejected one."""
+        """Starts one engine request per prompt, each with `n` samples (choice p * n + j); raises the
+        ApiError of a rejected one."""
         ids = [meta.id] if len(prompts) == 1 else [f"{meta.id}-{i}" for i in range(len(prompts))]
-        requests = [GenerateRequest(rid, ids_, params) for rid, ids_ in zip(ids, prompts)]
+        requests = [GenerateRequest(rid, ids_, params, images, n) for rid, ids_ in zip(ids, prompts)]
         generation = Generation(self._scheduler, requests, prompt_param)
         await generation.start()
-        return generation, [ChoiceState(i, num_prompt_tokens=len(p)) for i, p in enumerate(prompts)]
+        states = [
+            ChoiceState(i * n + j, num_prompt_tokens=len(p), counts_prompt=j == 0)
+            for i, p in enumerate(prompts)
+            for j in range(n)
+        ]
+        return generation, states
 
     async def _token_texts(self, states: list[ChoiceState]) -> TokenText:
         ids = set().union(*(logprob_token_ids(s.logprobs) for s in states))

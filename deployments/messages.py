@@ -18,6 +18,7 @@ class ModelInfo:
     model_name: str
     max_model_len: int
     eos_token_ids: list[int]
+    accepts_images: bool = False  # a vision-language model
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The OpenAI Responses route of the Ingress: POST /v1/responses.
 
-Owns the order of work per request (parse, resolve the model, check fields, look up the previous
-response, render the prompt, generate, convert, remember the turn); api/responses_* own the wire format,
+Owns the order of work per request (parse, resolve the model, check fields, set up tool and reasoning
+parsing, look up the previous response, render the prompt, generate, convert, remember the turn); api/responses_* own the wire format,
 the Scheduler owns generation, deployments/response_store.py the remembered conversations. No MLX.
 """
 
@@ -17,7 +17,6 @@ from starlette.requests import Request
 
 from api import sse
 from api.body import parse_body
-from api.choice_state import ChoiceState
 from api.responses_convert import (
     chat_prompt,
     check_supported,
@@ -25,11 +24,14 @@ from api.responses_convert import (
     previous_not_found,
     sampling_params,
 )
-from api.responses_outputs import ResponseMeta, finished_response, settings
+from api.responses_items import assistant_turns, whole_output
+from api.responses_outputs import OutputItem, ResponseMeta, finished_response, settings
 from api.responses_schemas import ResponsesRequest
 from api.responses_stream import response_events
-from api.template_messages import Message, assistant_turn
+from api.responses_tools import tool_choice
+from api.template_messages import Message
 from deployments import chat_generation
+from deployments.output_parsing import OutputParsers
 from deployments.response_store import ResponseStore
 
 PROMPT_PARAM = "input"
@@ -41,11 +43,13 @@ class ResponsesRoutes:
         scheduler: DeploymentHandle,
         tokenizer: DeploymentHandle,
         resolve_model: Callable[[str], Awaitable[str]],
+        parsers: OutputParsers,
         store: ResponseStore | None = None,
     ):
         self._scheduler = scheduler
         self._tokenizer = tokenizer
         self._resolve_model = resolve_model
+        self._parsers = parsers
         self._store = store or ResponseStore()
 
     async def create(self, request: Request) -> Response:
@@ -53,21 +57,26 @@ class ResponsesRoutes:
         meta = ResponseMeta.new(await self._resolve_model(req.model))
         check_supported(req)
         params = sampling_params(req)
+        choice = tool_choice(req)
+        parsing = await self._parsers.for_request(choice, params, "tool_choice")
         conversation = self._history(req.previous_response_id) + input_turns(req)
         ids = await chat_generation.prompt_ids(self._tokenizer, chat_prompt(req, conversation), PROMPT_PARAM)
         generation, state = await chat_generation.start(
             self._scheduler, GenerateRequest(meta.id, ids, params), PROMPT_PARAM
         )
 
-        def remember(finished: ChoiceState) -> None:
+        def remember(output: list[OutputItem]) -> None:
             if req.store is not False:
-                self._store.put(meta.id, [*conversation, assistant_turn(finished.text, [])])
+                self._store.put(meta.id, [*conversation, *assistant_turns(output)])
 
         if not req.stream:
             await chat_generation.collect(generation, state)
-            remember(state)
-            return JSONResponse(finished_response(meta, settings(req), state).dump())
-        frames = response_events(meta, settings(req), state, generation.batches(), remember)
+            output = whole_output(meta, state, parsing, choice.parallel) if parsing.active else None
+            response = finished_response(meta, settings(req), state, output)
+            remember(response.output)
+            return JSONResponse(response.dump())
+        batches = generation.batches()
+        frames = response_events(meta, settings(req), state, batches, remember, parsing, choice.parallel)
         return sse.EventStreamResponse(frames, on_close=generation.cancel)
 
     def _history(self, previous_response_id: str | None) -> list[Message]:

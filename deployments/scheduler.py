@@ -51,7 +51,8 @@ class Scheduler:
 
     async def model_info(self) -> ModelInfo:
         eos_ids = sorted(self._engine.tokenizer.eos_token_ids)
-        return ModelInfo(self._engine.model_name, self._engine.max_model_len, eos_ids)
+        accepts_images = self._engine.image_token_id is not None
+        return ModelInfo(self._engine.model_name, self._engine.max_model_len, eos_ids, accepts_images)
 
     async def stats(self) -> ReplicaStats:
         """This replica's engine stats; the Ingress broadcasts this to every replica and adds them up."""

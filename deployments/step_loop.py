@@ -36,11 +36,12 @@ class StepLoop:
         # engine.step blocks in mx.eval: it runs off the event loop, in this one thread, never twice at once.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-step")
         self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
+        self._num_samples: dict[str, int] = {}  # request id -> its n
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[list[RequestOutput] | EngineError]:
-        """Yields the request's outputs in batches, the last one finished.
+        """Yields the request's outputs in batches until each of its `n` samples has a finished one.
 
         If add_request rejects the request, the one item is the `EngineError` (a value, not a raise:
         the caller maps it to a 4xx/5xx, and the replica logs no traceback for a bad request).
@@ -49,24 +50,26 @@ class StepLoop:
         request_id = request.request_id
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._queues[request_id] = queue
+        self._num_samples[request_id] = request.n
         try:
             self._engine.add_request(request)
         except EngineError as exc:
-            del self._queues[request_id]
+            del self._queues[request_id], self._num_samples[request_id]
             yield exc
             return
         self._ensure_running()
         self._wake.set()
-        finished, last_yield_s = False, 0.0
+        open_indices, last_yield_s = set(range(request.n)), 0.0  # samples with no finished output yet
         try:
-            while not finished:
+            while open_indices:
                 batch = await self._next_batch(queue, last_yield_s)
-                finished = batch[-1].finished
+                open_indices -= {out.index for out in batch if out.finished}
                 last_yield_s = time.monotonic()
                 yield batch
         finally:
             self._queues.pop(request_id, None)
-            if not finished:  # the caller went away (client disconnect) or cancelled the stream
+            self._num_samples.pop(request_id, None)
+            if open_indices:  # the caller went away (client disconnect) or cancelled the stream
                 self._engine.abort_request(request_id)
                 self._wake.set()
 
@@ -116,5 +119,8 @@ class StepLoop:
 
     def _fail_all(self, message: str) -> None:
         for request_id, queue in list(self._queues.items()):
-            queue.put_nowait(RequestOutput(request_id, [], "", finish_reason="error", error=message))
+            for index in range(self._num_samples.get(request_id, 1)):
+                queue.put_nowait(
+                    RequestOutput(request_id, [], "", finish_reason="error", error=message, index=index)
+                )
             self._engine.abort_request(request_id)

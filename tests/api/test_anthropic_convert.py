@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from api.anthropic_convert import chat_prompt, check_supported, sampling_params
+from api.anthropic_convert import chat_prompt, check_supported, sampling_params, tool_choice
 from api.anthropic_schemas import CountTokensRequest, MessagesRequest
 from api.errors import ApiError
 from api.template_messages import function_tool
@@ -113,10 +113,26 @@ def test_tools_pass_to_the_template_unless_tool_choice_none():
     check_supported(create(tools=[TOOL], tool_choice={"type": "auto", "disable_parallel_tool_use": True}))
 
 
-@pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_weather"}])
-def test_forcing_a_tool_is_400_not_supported_yet(choice):
-    err = rejected(tools=[TOOL], tool_choice=choice)
-    assert err.status == 400 and err.param == "tool_choice" and "not supported yet" in err.message
+@pytest.mark.parametrize(
+    ("choice", "mode", "named"),
+    [
+        ({"type": "any"}, "required", None),
+        ({"type": "tool", "name": "get_weather"}, "required", "get_weather"),
+    ],
+)
+def test_any_and_tool_force_a_call(choice, mode, named):
+    parsed = tool_choice(create(tools=[TOOL], tool_choice=choice))
+    assert (parsed.mode, parsed.named, [t["name"] for t in parsed.callable_tools()]) == (
+        mode,
+        named,
+        ["get_weather"],
+    )
+
+
+def test_forcing_an_unknown_tool_is_a_400_naming_tool_choice():
+    with pytest.raises(ApiError) as err:
+        tool_choice(create(tools=[TOOL], tool_choice={"type": "tool", "name": "nope"}))
+    assert err.value.param == "tool_choice" and "not in tools" in err.value.message
 
 
 @pytest.mark.parametrize(
@@ -126,10 +142,11 @@ def test_forcing_a_tool_is_400_not_supported_yet(choice):
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),
         ({"tools": [{"name": "f"}]}, "tools[0].input_schema"),
         (
-            {"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+            {"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]},
             "messages[0].content[0]",
         ),
-        ({"output_config": {"effort": "low"}}, "output_config"),
+        ({"output_config": {"effort": "low"}}, "output_config.effort"),
+        ({"output_config": {"format": {"type": "xml"}}}, "output_config.format.type"),
         ({"mcp_servers": [{"name": "x"}]}, "mcp_servers"),
         ({"container": "c1"}, "container"),
         ({"stop_sequences": [""]}, "stop_sequences"),
@@ -160,3 +177,24 @@ def test_tool_blocks_in_the_wrong_role_are_400s():
 def test_count_tokens_request_renders_like_create():
     fields = {"model": "default", "messages": USER, "system": "s", "tools": [TOOL]}
     assert chat_prompt(CountTokensRequest.model_validate(fields)) == chat_prompt(create(**fields))
+
+
+def test_an_echoed_sdk_tool_use_block_with_a_direct_caller_is_accepted():
+    use = {"type": "tool_use", "id": "t", "name": "get_weather", "input": {}, "caller": {"type": "direct"}}
+    result = {"type": "tool_result", "tool_use_id": "t", "content": "4C"}
+    turns = [USER[0], {"role": "assistant", "content": [use]}, {"role": "user", "content": [result]}]
+    request = create(tools=[TOOL], messages=turns)
+    check_supported(request)
+    assert chat_prompt(request).messages[1]["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
+def test_a_server_tool_caller_is_refused():
+    use = {
+        "type": "tool_use",
+        "id": "t",
+        "name": "f",
+        "input": {},
+        "caller": {"type": "code_execution_20250825"},
+    }
+    with pytest.raises(ValueError, match="only 'direct'"):
+        create(messages=[USER[0], {"role": "assistant", "content": [use]}])

@@ -18,6 +18,7 @@ from api.openai_convert import (
     embedding_inputs,
     include_usage,
     resolve_model,
+    samples_per_prompt,
 )
 from api.openai_schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 
@@ -114,10 +115,8 @@ def test_empty_stop_string_is_400():
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"n": 2}, "n"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-        ({"tool_choice": "required"}, "tool_choice"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"n": 17}, "n"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
         ({"functions": [{"name": "f"}]}, "functions"),
         ({"audio": {"voice": "alloy"}}, "audio"),
         ({"modalities": ["text", "audio"]}, "modalities"),
@@ -129,10 +128,9 @@ def test_empty_stop_string_is_400():
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         (
-            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]},
             "messages[0].content[0]",
         ),
-        ({"messages": [{"role": "assistant", "tool_calls": [{"id": "1"}]}]}, "messages[0].tool_calls"),
     ],
 )
 def test_unhonoured_chat_params_are_400_naming_the_param(fields, param):
@@ -146,8 +144,16 @@ def test_unhonoured_chat_params_are_400_naming_the_param(fields, param):
     "fields",
     [
         {"n": 1},
+        {"n": 16},
         {"tool_choice": "none"},
         {"response_format": {"type": "text"}},
+        {"response_format": {"type": "json_object"}},
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "object"}},
+            }
+        },
         {"modalities": ["text"]},
         {"service_tier": "auto"},
         {"store": False},
@@ -161,12 +167,24 @@ def test_harmless_chat_params_pass(fields):
 
 @pytest.mark.parametrize(
     ("fields", "param"),
-    [({"best_of": 2}, "best_of"), ({"echo": True}, "echo"), ({"suffix": "x"}, "suffix"), ({"n": 3}, "n")],
+    [
+        ({"best_of": 2}, "best_of"),
+        ({"best_of": 3, "n": 2}, "best_of"),
+        ({"echo": True}, "echo"),
+        ({"suffix": "x"}, "suffix"),
+        ({"n": 17}, "n"),
+    ],
 )
 def test_unhonoured_completion_params_are_400(fields, param):
     with pytest.raises(ApiError) as err:
         check_completion_supported(completion(**fields))
     assert err.value.param == param and err.value.code == "unsupported_parameter"
+
+
+@pytest.mark.parametrize("fields", [{"n": 3}, {"n": 2, "best_of": 2}, {"best_of": 1}])
+def test_n_and_an_equal_best_of_pass_for_completions(fields):
+    check_completion_supported(completion(**fields))
+    assert samples_per_prompt(completion(**fields)) == fields.get("n", 1)
 
 
 def test_chat_messages_flatten_parts_and_rename_developer():

@@ -81,21 +81,41 @@ def test_tools_pass_to_the_template_unless_tool_choice_none():
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "get_weather"}])
-def test_forcing_a_tool_is_400_not_supported_yet(choice):
-    err = rejected(tools=[TOOL], tool_choice=choice)
-    assert err.param == "tool_choice" and "not supported yet" in err.message
+def test_forcing_a_tool_is_accepted(choice):
+    check_supported(request(tools=[TOOL], tool_choice=choice))
+
+
+def test_reasoning_items_become_the_next_assistant_turns_reasoning():
+    items = [
+        {"role": "user", "content": "weather?"},
+        {
+            "type": "reasoning",
+            "id": "rs_1",
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": "hmm"}],
+        },
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+    ]
+    turns = input_turns(request(input=items, tools=[TOOL]))
+    assert len(turns) == 2 and turns[1]["reasoning_content"] == "hmm" and turns[1]["content"] == "Checking."
+    assert turns[1]["tool_calls"][0]["id"] == "c1"
 
 
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
         ({"tools": [{"type": "web_search"}]}, "tools[0]"),
-        ({"text": {"format": {"type": "json_object"}}}, "text.format"),
+        ({"text": {"format": {"type": "xml"}}}, "text.format.type"),
         ({"reasoning": {"effort": "low"}}, "reasoning"),
         ({"truncation": "auto"}, "truncation"),
         ({"include": ["message.output_text.logprobs"]}, "include"),
         ({"background": True}, "background"),
         ({"top_logprobs": 2}, "top_logprobs"),
+        (
+            {"input": [{"type": "reasoning", "summary": [], "encrypted_content": "x"}]},
+            "input[0].encrypted_content",
+        ),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
             "input[0].content[0]",
@@ -109,4 +129,4 @@ def test_unhonoured_fields_are_400s_naming_them(fields, param):
 
 def test_unknown_item_type_fails_validation():
     with pytest.raises(ValueError):
-        request(input=[{"type": "reasoning", "summary": []}])
+        request(input=[{"type": "web_search_call", "id": "ws_1"}])

@@ -87,7 +87,7 @@ def test_stream_event_order_and_final_text():
     assert parsed[0][1]["response"]["status"] == "in_progress" and parsed[0][1]["response"]["output"] == []
     assert parsed[6][1]["text"] == "Hello" and parsed[6][1]["item_id"] == "msg_1"
     assert parsed[-1][1]["response"]["output"][0]["content"][0]["text"] == "Hello"
-    assert len(finished) == 1 and finished[0].text == "Hello"
+    assert len(finished) == 1 and finished[0][0].content[0].text == "Hello"
 
 
 def test_stream_ends_incomplete_at_the_limit():

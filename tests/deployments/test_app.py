@@ -38,6 +38,19 @@ def test_scheduler_slots_below_the_batch_size_are_refused():
         AppConfig.model_validate({"scheduler": {"max_ongoing_requests": 8}})
 
 
+def test_a_waiting_bound_that_ray_serve_would_hide_is_refused():
+    args = {
+        "engine": {"max_num_seqs": 64, "max_waiting_requests": 64},
+        "scheduler": {"max_ongoing_requests": 128},
+    }
+    with pytest.raises(
+        ValidationError, match="must exceed engine.max_num_seqs . engine.max_waiting_requests"
+    ):
+        AppConfig.model_validate(args)
+    args["scheduler"]["max_ongoing_requests"] = 129
+    assert AppConfig.model_validate(args).engine.max_waiting_requests == 64
+
+
 def test_unknown_keys_are_refused():
     with pytest.raises(ValidationError, match="schedular"):
         AppConfig.model_validate({"schedular": {}})

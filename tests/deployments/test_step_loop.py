@@ -174,3 +174,59 @@ def test_steps_run_in_one_dedicated_thread_and_stop_when_idle():
     assert len(engine.step_threads) == 1 and next(iter(engine.step_threads)).startswith("engine-step")
     assert engine.num_steps == steps_when_done  # no stepping (spinning) while idle
     assert stats.num_steps == steps_when_done and stats.num_running == 0
+
+
+class FakeSamplingEngine(FakeEngine):
+    """Sample i of a request with n samples emits max_tokens + 10 i tokens, so sample 0 finishes first."""
+
+    def add_request(self, request: GenerateRequest) -> None:
+        with self._lock:
+            for i in range(request.n):
+                self.remaining[f"{request.request_id}#{i}"] = (request.params.max_tokens or 1) + 10 * i
+
+    def abort_request(self, request_id: str) -> None:
+        for key in list(self.remaining):
+            if key.startswith(f"{request_id}#"):
+                super().abort_request(key)
+
+    def _advance(self, request_id: str) -> RequestOutput:
+        out = super()._advance(request_id)
+        out.request_id, index = request_id.split("#")
+        out.index = int(index)
+        return out
+
+
+def sampled(request_id: str, max_tokens: int, n: int) -> GenerateRequest:
+    return GenerateRequest(request_id, [1, 2, 3], SamplingParams(max_tokens=max_tokens), n=n)
+
+
+def test_a_request_with_n_samples_streams_until_every_sample_finished():
+    items = run(collect(StepLoop(FakeSamplingEngine(), 0.0), sampled("a", 2, 3)))
+    outputs = [out for batch in items for out in batch]
+    assert [len([o for o in outputs if o.index == i]) for i in range(3)] == [2, 12, 22]
+    assert sorted(o.index for o in outputs if o.finished) == [0, 1, 2]
+    assert outputs[-1].finished and outputs[-1].index == 2
+
+
+def test_a_failing_step_fails_every_sample():
+    items = run(collect(StepLoop(FakeSamplingEngine(fail_steps=1), 0.0), sampled("a", 3, 2)))
+    finished = [o for batch in items for o in batch if o.finished]
+    assert sorted((o.index, o.finish_reason) for o in finished) == [(0, "error"), (1, "error")]
+
+
+def test_closing_after_the_first_sample_finished_aborts_the_others():
+    engine = FakeSamplingEngine(step_s=0.001)
+
+    async def main():
+        loop = StepLoop(engine, 0.0)
+        stream = loop.generate(sampled("a", 1, 3))
+        while not any(o.finished for o in await stream.__anext__()):
+            pass
+        await stream.aclose()
+        for _ in range(100):
+            if not engine.has_unfinished_requests():
+                break
+            await asyncio.sleep(0.01)
+
+    run(main())
+    assert engine.aborted == ["a#1", "a#2"] and not engine.has_unfinished_requests()

@@ -107,20 +107,19 @@ def test_unknown_model_is_404_not_found_error(claude):
     assert err.value.body["type"] == "error" and err.value.body["error"]["type"] == "not_found_error"
 
 
-def test_forcing_a_tool_is_400_not_supported_yet(claude):
+def test_forcing_an_unknown_tool_is_a_400(claude):
     tool = {"name": "colors", "input_schema": {"type": "object"}}
     with pytest.raises(anthropic.BadRequestError) as err:
-        create(claude, tools=[tool], tool_choice={"type": "any"})
+        create(claude, tools=[tool], tool_choice={"type": "tool", "name": "shapes"})
     assert err.value.body["error"]["type"] == "invalid_request_error"
-    assert "not supported yet" in err.value.body["error"]["message"]
+    assert "not in tools" in err.value.body["error"]["message"]
 
 
-def test_tools_on_a_template_without_tool_support_are_a_clear_400(claude):
-    # The bundled SmolLM2 template never mentions `tools`: passing them would drop them silently.
+def test_tools_on_a_template_without_tool_support_go_into_the_system_prompt(claude):
+    # The bundled SmolLM2 template never mentions `tools`: engine/chat_template.py describes them.
     tool = {"name": "colors", "input_schema": {"type": "object"}}
-    with pytest.raises(anthropic.BadRequestError) as err:
-        claude.messages.count_tokens(model=MODEL, messages=HELLO, tools=[tool])
-    assert "cannot render tools" in err.value.body["error"]["message"]
+    with_tools = claude.messages.count_tokens(model=MODEL, messages=HELLO, tools=[tool]).input_tokens
+    assert with_tools > claude.messages.count_tokens(model=MODEL, messages=HELLO).input_tokens + 20
 
 
 @pytest.mark.parametrize(

@@ -77,6 +77,42 @@ def test_requests_without_or_with_a_wrong_key_are_401(guarded):
     assert anthropic.json()["type"] == "error" and anthropic.json()["error"]["type"] == "authentication_error"
 
 
+# Every route of the app (tests/e2e/test_fuzz.py's OPERATIONS, plus the schema itself) but the probes.
+PROTECTED = [
+    ("GET", "/v1/models"),
+    ("GET", "/v1/status"),
+    ("GET", "/openapi.json"),
+    ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/completions"),
+    ("POST", "/v1/embeddings"),
+    ("POST", "/v1/messages"),
+    ("POST", "/v1/messages/count_tokens"),
+    ("POST", "/v1/responses"),
+    ("GET", "/v1/no-such-route"),  # unknown paths too: nothing is learnt about the app without a key
+]
+
+
+@pytest.mark.parametrize(("method", "path"), PROTECTED)
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"authorization": "Bearer sk-wrong"}, {"x-api-key": "sk-wrong"}, {"authorization": "Basic sk-auth"}],
+)
+def test_every_route_but_the_probes_refuses_a_missing_or_wrong_key(guarded, method, path, headers):
+    response = guarded.request(method, path, headers=headers, json={} if method == "POST" else None)
+    assert response.status_code == 401, (response.status_code, response.text[:200])
+    body = response.json()
+    if path.startswith("/v1/messages"):
+        assert body["type"] == "error" and body["error"]["type"] == "authentication_error"
+    else:
+        assert body["error"]["code"] in ("missing_api_key", "invalid_api_key")
+
+
+def test_a_key_of_another_length_or_case_is_refused(guarded):
+    for wrong in (KEYS["auth"] + "x", KEYS["auth"][:-1], KEYS["auth"].upper(), "sk-" + "a" * 4096):
+        response = guarded.get("/v1/models", headers={"x-api-key": wrong})
+        assert response.status_code == 401, wrong
+
+
 def test_bearer_and_x_api_key_are_accepted_and_probes_stay_open(guarded):
     assert guarded.post("/v1/chat/completions", json=chat_body(), headers=key("auth")).status_code == 200
     assert guarded.get("/v1/models", headers={"x-api-key": KEYS["auth"]}).status_code == 200

@@ -189,7 +189,7 @@ def test_unknown_model_is_404_model_not_found(client):
 
 @pytest.mark.parametrize(
     ("kwargs", "param"),
-    [({"n": 2}, "n"), ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools")],
+    [({"n": 17}, "n"), ({"functions": [{"name": "f"}]}, "functions")],
 )
 def test_unsupported_param_is_400_naming_it(client, kwargs, param):
     with pytest.raises(openai.BadRequestError) as err:

@@ -89,11 +89,10 @@ def test_unknown_or_unstored_previous_id_is_400(client):
         assert err.value.code == "previous_response_not_found" and err.value.param == "previous_response_id"
 
 
-def test_forcing_a_tool_is_400_not_supported_yet(client):
-    tool = {"type": "function", "name": "colors", "parameters": {"type": "object", "properties": {}}}
+def test_forcing_a_tool_without_tools_is_400(client):
     with pytest.raises(openai.BadRequestError) as err:
-        create(client, tools=[tool], tool_choice="required")
-    assert err.value.param == "tool_choice" and "not supported yet" in err.value.message
+        create(client, tool_choice="required")
+    assert err.value.param == "tool_choice" and "no tools" in err.value.message
 
 
 def test_unknown_model_is_404(client):

@@ -1,0 +1,70 @@
+"""Llama 3.1 / 3.2 / 3.3 JSON tool calls: the whole reply is one JSON object per call, `;`-separated,
+optionally after the `<|python_tag|>` special token.
+
+    {"name": "get_weather", "parameters": {"city": "Paris"}}
+
+A call region opens only at the start of the output (after whitespace). No MLX, no Ray.
+"""
+
+from __future__ import annotations
+
+import json
+
+from api.tool_parsers.base import (
+    MalformedCall,
+    PartialCall,
+    ToolSpec,
+    alternatives,
+    json_rule,
+    lark_string,
+    object_arguments,
+    repeat,
+    scan_json_value,
+)
+from api.tool_parsers.hermes import named_object_schema, read_named_object, same_json
+
+PYTHON_TAG = "<|python_tag|>"
+_SEPARATOR = ";"
+
+
+class Llama3Format:
+    name = "llama3_json"
+    starts = (PYTHON_TAG, "{")
+    start = PYTHON_TAG
+    end: str | None = None
+    at_start_only = True
+    special_tags = True
+
+    def read(self, region: str, final: bool) -> list[PartialCall]:
+        rest, calls = region.removeprefix(PYTHON_TAG).lstrip(), []
+        while rest.startswith("{"):
+            end, _ = scan_json_value(rest)
+            text = rest[:end]
+            calls.append(self._parse(text) if final else read_named_object(text))
+            if calls[-1] is None:
+                return calls[:-1]
+            rest = rest[end:].lstrip().removeprefix(_SEPARATOR).lstrip()
+        if final and (rest or not calls):
+            raise MalformedCall(f"text after the tool calls does not parse: {rest[:40]!r}")
+        return calls  # type: ignore[return-value]
+
+    def _parse(self, text: str) -> PartialCall:
+        try:
+            call = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise MalformedCall(f"a tool call is not valid JSON: {exc}") from None
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            raise MalformedCall("a tool call has no name")
+        arguments = object_arguments(call.get("parameters", call.get("arguments", {})))
+        return PartialCall(call["name"], same_json(read_named_object(text), arguments), True)
+
+    def grammar(self, tools: list[ToolSpec], parallel: bool) -> str:
+        names = [f"call_{i}" for i in range(len(tools))]
+        lines = [
+            f"start: {repeat('call', parallel, lark_string('; '))}",
+            f"call: {alternatives(names)}",
+        ]
+        lines += [
+            f"{rule}: {json_rule(named_object_schema(t, 'parameters'))}" for rule, t in zip(names, tools)
+        ]
+        return "\n".join(lines)

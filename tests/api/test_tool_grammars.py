@@ -1,0 +1,106 @@
+"""Forced-call grammars, checked with llguidance itself on the bundled model's tokenizer: each accepts a
+valid call in its format (which the format's parser reads back) and rejects wrong names and arguments."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from api.tool_parsers import make_format
+from api.tool_parsers.extractor import ToolCallExtractor
+from tests.api.tool_goldens import TOOLS
+
+llguidance = pytest.importorskip("llguidance")
+
+WEATHER = '{"city": "Paris", "unit": "celsius"}'
+TIME = '{"timezone": "UTC"}'
+DS = "<｜tool▁calls▁begin｜>{}<｜tool▁calls▁end｜>"
+DS_CALL = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>{}\n```json\n{}\n```<｜tool▁call▁end｜>"
+QC = "<tool_call>\n<function={}>\n{}</function>\n</tool_call>"
+QC_WEATHER = "<parameter=city>\nParis\n</parameter>\n<parameter=unit>\ncelsius\n</parameter>\n"
+CALLS = {  # parser -> (weather call, time call, joiner of parallel calls)
+    "hermes": (
+        f'<tool_call>\n{{"name": "get_weather", "arguments": {WEATHER}}}\n</tool_call>',
+        f'<tool_call>\n{{"name": "get_time", "arguments": {TIME}}}\n</tool_call>',
+        "\n",
+    ),
+    "qwen3_coder": (
+        QC.format("get_weather", QC_WEATHER),
+        QC.format("get_time", "<parameter=timezone>\nUTC\n</parameter>\n"),
+        "\n",
+    ),
+    "llama3_json": (
+        f'{{"name": "get_weather", "parameters": {WEATHER}}}',
+        f'{{"name": "get_time", "parameters": {TIME}}}',
+        "; ",
+    ),
+    "mistral": (f"[TOOL_CALLS]get_weather[ARGS]{WEATHER}", f"[TOOL_CALLS]get_time[ARGS]{TIME}", ""),
+    "deepseek": (DS_CALL.format("get_weather", WEATHER), DS_CALL.format("get_time", TIME), ""),
+}
+
+
+def _whole(parser: str, calls: str) -> str:
+    return DS.format(calls) if parser == "deepseek" else calls
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from engine.default_model import ensure_default_model
+
+    import llguidance.hf
+    import transformers
+
+    return llguidance.hf.from_tokenizer(
+        transformers.AutoTokenizer.from_pretrained(ensure_default_model("float32"))
+    )
+
+
+def _accepts(tokenizer, grammar: str, text: str) -> bool:
+    matcher = llguidance.LLMatcher(tokenizer, llguidance.grammar_from("lark", grammar), log_level=0)
+    return matcher.consume_tokens(tokenizer.tokenize_str(text)) and matcher.is_accepting()
+
+
+def _parsed_names(parser: str, text: str) -> list[str]:
+    extractor = ToolCallExtractor(make_format(parser, TOOLS), None, stream=False)
+    extractor.feed(text)
+    extractor.finish()
+    assert extractor.content.strip() == ""
+    return [call.name for call in extractor.calls if json.loads(call.arguments) is not None]
+
+
+@pytest.mark.parametrize("parser", CALLS)
+def test_grammar_accepts_one_valid_call_that_parses_back(tokenizer, parser):
+    weather, time, _ = CALLS[parser]
+    grammar = make_format(parser, TOOLS).grammar(TOOLS, parallel=False)
+    assert llguidance.LLMatcher.validate_grammar(llguidance.grammar_from("lark", grammar)) == ""
+    for text, name in ((weather, "get_weather"), (time, "get_time")):
+        assert _accepts(tokenizer, grammar, _whole(parser, text))
+        assert _parsed_names(parser, _whole(parser, text)) == [name]
+
+
+@pytest.mark.parametrize("parser", CALLS)
+def test_grammar_for_one_named_tool_rejects_the_other(tokenizer, parser):
+    weather, time, _ = CALLS[parser]
+    grammar = make_format(parser, TOOLS).grammar(TOOLS[1:], parallel=False)
+    assert _accepts(tokenizer, grammar, _whole(parser, time))
+    assert not _accepts(tokenizer, grammar, _whole(parser, weather))
+
+
+@pytest.mark.parametrize("parser", CALLS)
+def test_parallel_calls_only_when_allowed(tokenizer, parser):
+    weather, time, joiner = CALLS[parser]
+    both = _whole(parser, weather + joiner + time)
+    assert _accepts(tokenizer, make_format(parser, TOOLS).grammar(TOOLS, parallel=True), both)
+    assert not _accepts(tokenizer, make_format(parser, TOOLS).grammar(TOOLS, parallel=False), both)
+    assert _parsed_names(parser, both) == ["get_weather", "get_time"]
+
+
+@pytest.mark.parametrize("parser", CALLS)
+def test_grammar_rejects_schema_invalid_arguments_and_plain_text(tokenizer, parser):
+    weather, _, _ = CALLS[parser]
+    grammar = make_format(parser, TOOLS).grammar(TOOLS, parallel=True)
+    bad_unit = weather.replace("celsius", "kelvin")
+    assert not _accepts(tokenizer, grammar, _whole(parser, bad_unit))
+    assert not _accepts(tokenizer, grammar, "The weather in Paris is sunny.")
+    assert not _accepts(tokenizer, grammar, _whole(parser, weather.replace("get_weather", "get_wether")))

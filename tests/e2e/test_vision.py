@@ -1,0 +1,140 @@
+"""Images end to end: a second app serves the tiny random-weight SmolVLM (tests/tiny_vlm.py) beside the
+session app, at route prefix /vlm; the real openai and anthropic SDKs send images through it, and the
+400 cases (text-only model, non-image bytes, too many images, file:// URL) come back clean."""
+
+import base64
+from collections.abc import Iterator
+
+import pytest
+
+from tests.e2e.conftest import _wait_healthy
+from tests.tiny_vlm import IMAGE_SEQ_LEN, build_tiny_vlm, png_bytes
+
+pytestmark = pytest.mark.e2e
+
+MAX_IMAGES = 2
+
+
+@pytest.fixture(scope="module")
+def vlm_url(base_url: str, tmp_path_factory) -> Iterator[str]:
+    from ray import serve
+
+    from deployments.app import build_app
+
+    model_dir = build_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm"))
+    args = {
+        "engine": {
+            "model": str(model_dir),
+            "max_num_seqs": 4,
+            "kv_cache_memory_bytes": 8 << 20,
+            "block_size": 4,
+        },
+        "scheduler": {"num_cpus": 0.1, "num_threads": 1, "max_ongoing_requests": 8},
+        "tokenizer": {"num_cpus": 0.1},
+        "ingress": {"num_cpus": 0.1},
+        "embedder": {"enabled": False},
+        "limits": {"images": {"max_images_per_request": MAX_IMAGES}},
+    }
+    serve.run(build_app(args), name="vlm", route_prefix="/vlm")
+    url = f"{base_url}/vlm"
+    _wait_healthy(url)
+    try:
+        yield url
+    finally:
+        serve.delete("vlm")
+
+
+def _data_url(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def _openai(url: str):
+    import openai
+
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _image_message(*urls: str) -> list[dict]:
+    parts = [{"type": "image_url", "image_url": {"url": u}} for u in urls]
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": "What is in the picture?"}]}]
+
+
+def test_openai_sdk_sends_a_data_url_image(vlm_url):
+    client = _openai(vlm_url)
+    with_image = client.chat.completions.create(
+        model="default", messages=_image_message(_data_url(png_bytes(1))), max_tokens=6, temperature=0
+    )
+    text_only = client.chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": "What is in the picture?"}],
+        max_tokens=6,
+        temperature=0,
+    )
+    # The processor expanded the image into IMAGE_SEQ_LEN image tokens (plus wrapper tokens).
+    assert with_image.usage.prompt_tokens >= text_only.usage.prompt_tokens + IMAGE_SEQ_LEN
+    assert with_image.usage.completion_tokens == 6 and with_image.choices[0].message.content
+
+
+def test_openai_stream_with_an_image(vlm_url):
+    stream = _openai(vlm_url).chat.completions.create(
+        model="default", messages=_image_message(_data_url(png_bytes(2))), max_tokens=5, stream=True
+    )
+    chunks = list(stream)
+    assert chunks[-1].choices[0].finish_reason in ("length", "stop")
+
+
+def test_anthropic_sdk_sends_a_base64_image(vlm_url):
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=vlm_url, api_key="unused", max_retries=0, timeout=120)
+    source = {"type": "base64", "media_type": "image/png", "data": base64.b64encode(png_bytes(3)).decode()}
+    content = [{"type": "image", "source": source}, {"type": "text", "text": "Describe it."}]
+    reply = client.messages.create(
+        model="default", max_tokens=6, messages=[{"role": "user", "content": content}]
+    )
+    assert reply.usage.output_tokens == 6 and reply.stop_reason == "max_tokens"
+    count = client.messages.count_tokens(model="default", messages=[{"role": "user", "content": content}])
+    assert count.input_tokens == reply.usage.input_tokens
+
+
+def _bad_request(client, messages) -> dict:
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="default", messages=messages, max_tokens=4)
+    return err.value.body
+
+
+def test_text_only_model_refuses_an_image(client):
+    body = _bad_request(client, _image_message(_data_url(png_bytes(1))))
+    assert "accepts no images" in body["message"] and body["param"] == "messages"
+
+
+def test_bytes_that_are_no_image_are_a_400(vlm_url):
+    body = _bad_request(_openai(vlm_url), _image_message(_data_url(b"plain text, not a picture")))
+    assert "could not be decoded as an image" in body["message"]
+
+
+def test_too_many_images_are_a_400(vlm_url):
+    body = _bad_request(
+        _openai(vlm_url), _image_message(*[_data_url(png_bytes(i)) for i in range(MAX_IMAGES + 1)])
+    )
+    assert f"above the limit of {MAX_IMAGES}" in body["message"]
+
+
+def test_file_urls_are_refused(vlm_url):
+    body = _bad_request(_openai(vlm_url), _image_message("file:///etc/hostname"))
+    assert "file:// URLs and local paths are refused" in body["message"]
+
+
+def test_anthropic_image_to_a_text_only_model_is_an_anthropic_400(base_url):
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
+    source = {"type": "base64", "media_type": "image/png", "data": base64.b64encode(png_bytes(1)).decode()}
+    with pytest.raises(anthropic.BadRequestError, match="accepts no images"):
+        client.messages.create(
+            model="default",
+            max_tokens=4,
+            messages=[{"role": "user", "content": [{"type": "image", "source": source}]}],
+        )
