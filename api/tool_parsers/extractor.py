@@ -64,6 +64,7 @@ class ToolCallExtractor:
         self._opener_len = 0
         self._first = 0  # index in `calls` of the open region's first call
         self._may_open = True  # at_start_only formats: nothing but whitespace emitted yet
+        self._spaces = ""  # whitespace-only text not yet emitted
 
     def feed(self, text: str) -> list[ToolEvent]:
         if self._region is None:
@@ -73,7 +74,9 @@ class ToolCallExtractor:
         return self._advance(final=False)
 
     def finish(self) -> list[ToolEvent]:
-        return self._advance(final=True)
+        out = self._advance(final=True)
+        self._flush_spaces(out)
+        return out
 
     def _advance(self, final: bool) -> list[ToolEvent]:
         out: list[ToolEvent] = []
@@ -114,10 +117,21 @@ class ToolCallExtractor:
         return max((tag_overlap(self._held, o) for o in self._openers), default=0)
 
     def _emit_text(self, out: list[ToolEvent], text: str) -> None:
-        if text:
-            self.content += text
-            self._may_open = self._may_open and not text.strip()
-            out.append(TextDelta(text))
+        # Until some real text is out, whitespace waits for it: beside calls it is not content.
+        text, self._spaces = self._spaces + text, ""
+        if not text.strip() and not self.content:
+            self._spaces = text
+            return
+        self.content += text
+        self._may_open = self._may_open and not text.strip()
+        out.append(TextDelta(text))
+
+    def _flush_spaces(self, out: list[ToolEvent]) -> None:
+        """At the end, held whitespace is content only in an output with no call."""
+        spaces, self._spaces = self._spaces, ""
+        if spaces and not self.calls:
+            self.content += spaces
+            out.append(TextDelta(spaces))
 
     # --- inside a call region --------------------------------------------------------------------
 

@@ -109,3 +109,13 @@ def test_unknown_parser_names_list_the_choices():
     assert canonical_name("qwen") == "hermes"
     with pytest.raises(ValueError, match="choose one of auto, hermes"):
         canonical_name("harmony")
+
+
+def test_whitespace_beside_calls_is_not_content_but_a_plain_blank_answer_is():
+    calls = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n\n'
+    with_calls = ToolCallExtractor(make_format("hermes", TOOLS), NAMES)
+    streamed = [e for piece in calls for e in with_calls.feed(piece)] + with_calls.finish()
+    assert with_calls.content == "" and not [e for e in streamed if isinstance(e, TextDelta)]
+    blank = ToolCallExtractor(make_format("hermes", TOOLS), NAMES)
+    events = blank.feed(" \n") + blank.finish()
+    assert blank.content == " \n" and events == [TextDelta(" \n")]

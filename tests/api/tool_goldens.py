@@ -28,7 +28,7 @@ GOLDENS = [
         "hermes",
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>\n'
         '<tool_call>\n{"name": "get_time", "arguments": {"timezone": "Europe/Paris"}}\n</tool_call>',
-        "\n",
+        "",  # the newline between the calls is not content
         [("get_weather", WEATHER), ("get_time", TIME)],
     ),
     Golden(
