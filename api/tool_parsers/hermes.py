@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 from mlx_lm.tool_parsers import json_tools
 
@@ -49,10 +50,7 @@ class HermesFormat:
             call = json_tools.parse_tool_call(body)
         except json.JSONDecodeError as exc:
             raise MalformedCall(f"a tool call is not valid JSON: {exc}") from None
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            raise MalformedCall("a tool call has no name")
-        arguments = object_arguments(call.get("arguments", call.get("parameters", {})))
-        return PartialCall(call["name"], same_json(read_named_object(body), arguments), True)
+        return named_call(call, body, ("arguments", "parameters"))
 
     def grammar(self, tools: list[ToolSpec], parallel: bool) -> str:
         names = [f"call_{i}" for i in range(len(tools))]
@@ -77,6 +75,16 @@ def read_named_object(text: str) -> PartialCall | None:
         return PartialCall(name)
     end, complete = scan_json_value(rest)
     return PartialCall(name, rest[:end], complete)
+
+
+def named_call(call: Any, text: str, argument_keys: tuple[str, str]) -> PartialCall:
+    """A decoded `{"name": ..., <arguments>}` object, whose JSON source is `text`, as a finished call;
+    the first of `argument_keys` present holds the arguments (formats differ in which they prefer)."""
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        raise MalformedCall("a tool call has no name")
+    first, second = argument_keys
+    arguments = object_arguments(call.get(first, call.get(second, {})))
+    return PartialCall(call["name"], same_json(read_named_object(text), arguments), True)
 
 
 def same_json(partial: PartialCall | None, arguments: dict) -> str:

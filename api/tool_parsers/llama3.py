@@ -17,11 +17,10 @@ from api.tool_parsers.base import (
     alternatives,
     json_rule,
     lark_string,
-    object_arguments,
     repeat,
     scan_json_value,
 )
-from api.tool_parsers.hermes import named_object_schema, read_named_object, same_json
+from api.tool_parsers.hermes import named_call, named_object_schema, read_named_object
 
 PYTHON_TAG = "<|python_tag|>"
 _SEPARATOR = ";"
@@ -53,10 +52,7 @@ class Llama3Format:
             call = json.loads(text)
         except json.JSONDecodeError as exc:
             raise MalformedCall(f"a tool call is not valid JSON: {exc}") from None
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            raise MalformedCall("a tool call has no name")
-        arguments = object_arguments(call.get("parameters", call.get("arguments", {})))
-        return PartialCall(call["name"], same_json(read_named_object(text), arguments), True)
+        return named_call(call, text, ("parameters", "arguments"))
 
     def grammar(self, tools: list[ToolSpec], parallel: bool) -> str:
         names = [f"call_{i}" for i in range(len(tools))]
