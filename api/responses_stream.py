@@ -78,11 +78,7 @@ async def response_events(
             async for _, batch in batches:
                 if text := state.add(batch).text:
                     yield event("response.output_text.delta", **_part_fields(meta), delta=text, logprobs=[])
-    except ApiError as exc:
-        yield _failed_event(event, meta, echo, exc)
-        return
-    except Exception as exc:
-        logger.exception("stream failed")
+    except Exception as exc:  # noqa: BLE001  (_stream_error logs it)
         yield _failed_event(event, meta, echo, _stream_error(exc))
         return
     final = finished_response(meta, echo, state)
@@ -111,11 +107,7 @@ async def _parsed_events(
                 for frame in items.frames(parser.feed(state.add(batch).text)):
                     yield frame
         closing = items.frames(parser.finish()) + items.close(final_status(state))
-    except ApiError as exc:
-        yield _failed_event(event, meta, echo, exc)
-        return
-    except Exception as exc:
-        logger.exception("stream failed")
+    except Exception as exc:  # noqa: BLE001  (_stream_error logs it)
         yield _failed_event(event, meta, echo, _stream_error(exc))
         return
     final = finished_response(meta, echo, state, items.output)
@@ -126,6 +118,10 @@ async def _parsed_events(
 
 
 def _stream_error(exc: Exception) -> ApiError:
+    """An ApiError as it is; anything else is logged and becomes a 500."""
+    if isinstance(exc, ApiError):
+        return exc
+    logger.exception("stream failed")
     return ApiError(500, f"the stream failed: {type(exc).__name__}: {exc}", code="server_error")
 
 
