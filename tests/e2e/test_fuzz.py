@@ -2,7 +2,7 @@
 route. No 5xx, and every error in its route's dialect (OpenAI's shape, Anthropic's under /v1/messages).
 
 A hook points `model` at the served one and keeps generation short: it caps every token budget at MAX_TOKENS (and sets one where a missing
-budget means "up to the context"), and each operation gets few examples, unshrunk. Hypothesis drives
+or null budget means "up to the context"), and each operation gets few examples, unshrunk. Hypothesis drives
 schemathesis' strategies directly: its pytest plugin reads `request.node._nodeid`, gone in pytest 9.
 """
 
@@ -59,8 +59,8 @@ def bounded(path: str, body: Any) -> Any:
         value = body.get(name)
         if isinstance(value, int) and not isinstance(value, bool) and value > MAX_TOKENS:
             body[name] = MAX_TOKENS
-    if path in _GENERATING:
-        body.setdefault(_GENERATING[path], MAX_TOKENS)
+    if path in _GENERATING and body.get(_GENERATING[path]) is None:
+        body[_GENERATING[path]] = MAX_TOKENS  # an explicit null is as unbounded as a missing budget
     return body
 
 
