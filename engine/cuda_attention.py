@@ -1,6 +1,6 @@
 """Paged decode attention as one CUDA kernel (MLX's `mx.fast.cuda_kernel`), for MLX's CUDA backend only.
 
-Owns the kernel source and the hook that routes a paged decode layer's attention to it; never writes
+Owns the kernel source; engine/attention_hook.py routes a paged decode layer's attention to it. Never writes
 the KV pools (the cache scatters the new K/V first) and never runs on other devices, where the
 portable path (gather the context through the block table, then `mx.fast.scaled_dot_product_attention`)
 stays in use.
@@ -17,8 +17,9 @@ The kernel reads K/V straight from the pools through the block table:
 
 from __future__ import annotations
 
-import sys
 from functools import lru_cache
+
+from engine import attention_hook
 
 import mlx.core as mx
 from mlx import nn
@@ -124,47 +125,11 @@ def paged_decode_attention(
     return out.reshape(batch, num_q, 1, dim)
 
 
-def install(model: nn.Module) -> bool:
-    """Routes the model's attention calls that carry a kernel-ready paged cache to the kernel.
-
-    mlx-lm models call their module's `scaled_dot_product_attention(q, k, v, cache=, scale=, mask=)`;
-    that name is wrapped once per module, and every other cache (mlx-lm's own, prefill) goes to the
-    original. Returns False where the model's module has no such function (the portable path stays)."""
-    module = sys.modules.get(type(model).__module__)
-    layers = getattr(model, "layers", None) or getattr(getattr(model, "model", None), "layers", [])
-    modules = {module} | {
-        sys.modules.get(type(getattr(layer, "self_attn", layer)).__module__) for layer in layers
-    }
-    patched = False
-    for mod in modules:
-        original = getattr(mod, "scaled_dot_product_attention", None)
-        if original is None:
-            continue
-        if not getattr(original, "_paged_kernel", False):
-            mod.scaled_dot_product_attention = _dispatch(original)
-        patched = True
-    return patched
-
-
-def _dispatch(original):
-    def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None, **kwargs):
-        paged = getattr(cache, "kernel_inputs", None)
-        inputs = paged() if paged is not None else None
-        if inputs is None or sinks is not None or kwargs:
-            extra = {"sinks": sinks} if sinks is not None else {}
-            return original(queries, keys, values, cache=cache, scale=scale, mask=mask, **extra, **kwargs)
-        table, lengths = inputs
-        return paged_decode_attention(queries, keys, values, table, lengths, scale)
-
-    scaled_dot_product_attention._paged_kernel = True  # type: ignore[attr-defined]
-    return scaled_dot_product_attention
-
-
 def enable_for(model: nn.Module, head_dims: list[tuple[int, int]], dtype: mx.Dtype) -> bool:
     """Installs the kernel for a model it can serve: CUDA, full attention in every layer, K and V
     head dims equal and a multiple of 32. False leaves the model on the portable path."""
     if not kernel_available() or not all(k == v and supports(k, dtype) for k, v in head_dims):
         return False
-    if hasattr(model, "make_cache") and any(type(c).__name__ != "KVCache" for c in model.make_cache()):
+    if not attention_hook.full_attention(model):
         return False  # sliding-window layers need the mask the kernel does not apply
-    return install(model)
+    return attention_hook.install(model)

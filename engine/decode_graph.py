@@ -58,31 +58,46 @@ class _GraphLayerCache:
         self.values, v_ctx = self._update(self.values, values)
         return k_ctx, v_ctx
 
-    def kernel_inputs(self) -> tuple[mx.array, mx.array] | None:
+    @property
+    def deferred(self) -> bool:
+        """With the kernel, update_and_fetch hands back the pools (engine/attention_hook.py)."""
+        return self.step.use_kernel
+
+    def paged_attention(
+        self, queries: mx.array, k_pool: mx.array, v_pool: mx.array, scale: float
+    ) -> mx.array:
         step = self.step
-        return (step.table, step.lengths) if step.use_kernel else None
+        return cuda_attention.paged_decode_attention(queries, k_pool, v_pool, step.table, step.lengths, scale)
+
+    def gather(self, k_pool: mx.array, v_pool: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        return self._context(k_pool), self._context(v_pool), self._mask(None)
 
     def _update(self, pool: mx.array, new: mx.array) -> tuple[mx.array, mx.array]:
         heads, num_blocks, block_size, dim = pool.shape
         batch = new.shape[0]
-        step = self.step
-        write, read = step.rows(heads, num_blocks)
+        write, _ = self.step.rows(heads, num_blocks)
         flat = pool.reshape(heads * num_blocks * block_size, dim)
         flat[write] = new.transpose(1, 0, 2, 3).reshape(heads * batch, dim)
         pool = flat.reshape(heads, num_blocks, block_size, dim)
-        if step.use_kernel:  # engine/cuda_attention.py reads the pool through the table
-            return pool, pool
+        return pool, pool if self.deferred else self._context(pool)
+
+    def _context(self, pool: mx.array) -> mx.array:
+        heads, num_blocks, block_size, dim = pool.shape
+        _, read = self.step.rows(heads, num_blocks)
         context = mx.take(pool.reshape(heads * num_blocks, block_size * dim), read, axis=0)
-        return pool, context.reshape(batch, heads, -1, dim)
+        return context.reshape(self.step.table.shape[0], heads, -1, dim)
 
     def make_mask(
         self, N: int, return_array: bool = False, window_size: int | None = None
     ) -> mx.array | None:
         assert N == 1
-        step = self.step
-        if step.use_kernel:
+        if self.deferred:
             assert window_size is None, "the decode kernel serves full attention only"
             return None
+        return self._mask(window_size)
+
+    def _mask(self, window_size: int | None) -> mx.array:
+        step = self.step
         k_pos = mx.arange(step.table.shape[1] * step.block_size, dtype=mx.int32)
         mask = k_pos[None, :] <= step.offsets[:, None]
         if window_size is not None:

@@ -83,7 +83,8 @@ class KVCacheManager:
         total = request.num_computed_tokens + match.num_blocks * self.block_size + num_new_tokens
         num_new_blocks = self.num_blocks_for(total) - len(request.block_ids)
         if num_new_blocks > 0:
-            request.block_ids.extend(self.pool.allocate(num_new_blocks))
+            last = request.block_ids[-1] if request.block_ids else None
+            request.block_ids.extend(self.pool.allocate(num_new_blocks, after=last))
         return True
 
     def _num_needed(self, request: Request, num_new_tokens: int, match: PrefixMatch) -> int:

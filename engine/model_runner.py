@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine import attention_hook
 from engine.decode_graph import make_decode_graph
 from engine.paged_attention import KVStorage, LayerShape, PagedLayerCache, StepLayout
 from engine.scheduler import ScheduledRequest, SchedulerPlan
@@ -76,6 +77,14 @@ class ModelRunner:
         # MLX's CUDA backend: decode rows run as one compiled, bucketed graph with the paged attention
         # kernel (engine/decode_graph.py); None on other devices, which keep the eager path below.
         self.decode_graph = make_decode_graph(model, storage)
+        # Elsewhere, batched decode attention reads K/V in place (engine/window_attention.py) where
+        # every layer is full attention and routes through the hook; else it gathers the context.
+        in_place = (
+            self.decode_graph is None
+            and attention_hook.full_attention(model)
+            and attention_hook.routes_every_layer(model)
+        )
+        self.pool_tokens = storage.keys[0].shape[1] * self.block_size if in_place else None
 
     def execute(self, plan: SchedulerPlan, pending: DeviceTokens | None = None) -> StepLogits:
         decode = [s for s in plan.scheduled if s.num_new_tokens == 1]
@@ -119,7 +128,7 @@ class ModelRunner:
         if num_new == 1 and self.decode_graph is not None:
             logits = self.decode_graph(tokens[:, 0], [s.start for s in chunk], tables)[:, None, :]
         else:
-            layout = StepLayout([s.start for s in chunk], num_new, tables, self.block_size)
+            layout = StepLayout([s.start for s in chunk], num_new, tables, self.block_size, self.pool_tokens)
             caches = [PagedLayerCache(self.storage, i, layout) for i in range(len(self.storage.shapes))]
             logits = self.model(tokens, cache=caches, **input_embeddings(self.model, chunk, tokens))
         # Launch each forward at once: the next one's scatter then finds the pools evaluated and

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.window_attention import WindowPlan, plan_windows, window_attention
+
 import mlx.core as mx
 
 
@@ -56,7 +58,16 @@ class KVStorage:
 class StepLayout:
     """Where one forward call's tokens live: shared by every layer's cache in that call."""
 
-    def __init__(self, offsets: list[int], num_new: int, block_tables: list[list[int]], block_size: int):
+    def __init__(
+        self,
+        offsets: list[int],
+        num_new: int,
+        block_tables: list[list[int]],
+        block_size: int,
+        pool_tokens: int | None = None,
+    ):
+        """`pool_tokens` (tokens per head in a pool) where attention may read the pools in place
+        (engine/window_attention.py; the model's attention is hooked), None to always gather."""
         self.batch = len(offsets)
         self.num_new = num_new
         self.block_size = block_size
@@ -81,6 +92,16 @@ class StepLayout:
         self.single_slot = divmod(slots[0], block_size) if len(slots) == 1 else None
         consecutive = self.batch == 1 and table == list(range(table[0], table[0] + len(table)))
         self.block_run = (table[0], len(table)) if consecutive else None
+        self.windows: WindowPlan | None = None
+        if pool_tokens is not None and num_new == 1 and self.batch > 1:
+            self.windows = plan_windows([o + 1 for o in offsets], block_tables, block_size, pool_tokens)
+        self._window_index: dict[int, list[mx.array]] = {}
+
+    def window_index(self, heads: int, pool_tokens: int) -> list[mx.array]:
+        assert self.windows is not None
+        if heads not in self._window_index:
+            self._window_index[heads] = self.windows.window_index(heads, pool_tokens)
+        return self._window_index[heads]
 
     def rows(self, heads: int, num_blocks: int) -> tuple[mx.array, mx.array]:
         """Row indices into a pool flattened head-major: token rows to write, block rows to read."""
@@ -126,13 +147,33 @@ class PagedLayerCache:
     def offset(self) -> int | mx.array:
         return self.layout.offset
 
+    @property
+    def deferred(self) -> bool:
+        """True when update_and_fetch hands back the pools: attention reads them in place."""
+        return self.layout.windows is not None
+
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         if self.layout.launch_per_layer:
             # Start the device on everything up to this layer while Python builds the rest.
             mx.async_eval(keys, values)
-        return self._update(self.storage.keys, keys), self._update(self.storage.values, values)
+        k_pool, v_pool = self._write(self.storage.keys, keys), self._write(self.storage.values, values)
+        if self.deferred:
+            return k_pool, v_pool
+        return self._context(k_pool), self._context(v_pool)
 
-    def _update(self, pools: list[mx.array], new: mx.array) -> mx.array:
+    def paged_attention(
+        self, queries: mx.array, k_pool: mx.array, v_pool: mx.array, scale: float
+    ) -> mx.array:
+        layout = self.layout
+        assert layout.windows is not None
+        heads, num_blocks, block_size, _ = k_pool.shape
+        index = layout.window_index(heads, num_blocks * block_size)
+        return window_attention(queries, k_pool, v_pool, layout.windows, index, scale)
+
+    def gather(self, k_pool: mx.array, v_pool: mx.array) -> tuple[mx.array, mx.array, mx.array | str | None]:
+        return self._context(k_pool), self._context(v_pool), self.layout.mask(None)
+
+    def _write(self, pools: list[mx.array], new: mx.array) -> mx.array:
         batch, heads, num_new, dim = new.shape
         pool = pools[self.layer]
         _, num_blocks, block_size, _ = pool.shape
@@ -147,6 +188,11 @@ class PagedLayerCache:
             flat[write_rows] = new.transpose(1, 0, 2, 3).reshape(heads * batch * num_new, dim)
             pool = flat.reshape(heads, num_blocks, block_size, dim)
         pools[self.layer] = pool
+        return pool
+
+    def _context(self, pool: mx.array) -> mx.array:
+        heads, num_blocks, block_size, dim = pool.shape
+        layout = self.layout
         if layout.block_run is not None:
             first, count = layout.block_run
             context = pool[:, first : first + count].reshape(1, heads, count * block_size, dim)
@@ -154,8 +200,8 @@ class PagedLayerCache:
             # One block of one head per row: `take` copies whole rows, batch-major.
             _, read_rows = layout.rows(heads, num_blocks)
             context = mx.take(pool.reshape(heads * num_blocks, block_size * dim), read_rows, axis=0)
-            context = context.reshape(batch, heads, -1, dim)
-        return context if batch > 1 else context[:, :, : layout.ctx_len]
+            context = context.reshape(layout.batch, heads, -1, dim)
+        return context if layout.batch > 1 else context[:, :, : layout.ctx_len]
 
     def make_mask(
         self, N: int, return_array: bool = False, window_size: int | None = None

@@ -53,3 +53,33 @@ def test_first_writer_wins_for_a_hash():
     assert pool.lookup(5) == a
     pool.free([b])
     assert pool.allocate(1) == [b] and pool.lookup(5) == a
+
+
+def test_a_request_grows_in_place_and_new_runs_leave_room_to_grow():
+    pool = BlockPool(40)
+    first = pool.allocate(4)
+    assert first == [0, 1, 2, 3]  # nothing before the pool's start grows
+    second = pool.allocate(4)
+    assert second == list(range(20, 24))  # in the middle of the span after a live request
+    assert pool.allocate(2, after=first[-1]) == [4, 5]
+    assert pool.allocate(3, after=second[-1]) == [24, 25, 26]
+
+
+def test_growth_that_meets_a_used_block_continues_elsewhere():
+    pool = BlockPool(10)
+    a = pool.allocate(2)
+    b = pool.allocate(2)
+    grown = pool.allocate(4, after=a[-1])
+    assert grown[:1] == [a[-1] + 1] and not set(grown) & set(b) and len(set(grown)) == 4
+
+
+def test_placement_keeps_recently_freed_cached_blocks():
+    pool = BlockPool(6)
+    old = pool.allocate(3)
+    recent = pool.allocate(3)
+    for i, block in enumerate(old + recent):
+        pool.cache(block, 100 + i)
+    pool.free(old)
+    pool.free(recent)
+    run = pool.allocate(2)
+    assert set(run) <= set(old) and all(pool.lookup(100 + 3 + i) == b for i, b in enumerate(recent))

@@ -4,7 +4,7 @@ kernel-ready paged decode cache (the kernel itself runs only on an NVIDIA GPU: b
 import sys
 
 import engine  # noqa: F401  # isort: split
-from engine import cuda_attention
+from engine import attention_hook, cuda_attention
 from engine.config import EngineConfig
 from engine.model_loader import load_model
 
@@ -32,7 +32,7 @@ def test_installed_hook_passes_other_caches_to_the_original(model, monkeypatch):
     monkeypatch.setattr(module, "scaled_dot_product_attention", module.scaled_dot_product_attention)
     tokens = mx.array([[1, 17, 256, 1024, 5]])
     expected = model(tokens, cache=make_prompt_cache(model))
-    assert cuda_attention.install(model)
+    assert attention_hook.install(model)
     hooked = module.scaled_dot_product_attention
-    assert cuda_attention.install(model) and module.scaled_dot_product_attention is hooked  # wraps once
+    assert attention_hook.install(model) and module.scaled_dot_product_attention is hooked  # wraps once
     assert np.allclose(np.array(model(tokens, cache=make_prompt_cache(model))), np.array(expected), atol=1e-5)

@@ -1,5 +1,6 @@
 """The engine on the real bundled model: output equals mlx-lm's own greedy decoding."""
 
+from engine import paged_attention
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.messages import GenerateRequest
@@ -41,14 +42,31 @@ def test_single_request_equals_mlx_lm_greedy_and_mentions_paris(any_llm):
     assert llm.pool.num_free == llm.pool.num_blocks
 
 
-def test_staggered_batch_of_eight_equals_reference(any_llm):
+@pytest.mark.parametrize("in_place", [True, False], ids=["kv-in-place", "kv-gathered"])
+def test_staggered_batch_of_eight_equals_reference(any_llm, in_place, monkeypatch):
     llm = any_llm
+    assert llm.runner.pool_tokens is not None, "the bundled model's attention reads K/V in place"
+    if not in_place:
+        monkeypatch.setattr(llm.runner, "pool_tokens", None)
+    reads = []
+    monkeypatch.setattr(
+        paged_attention, "window_attention", _counting(paged_attention.window_attention, reads)
+    )
     prompts = [chat_ids(llm, p) for p in PROMPTS]
     arrivals = {i * 3: [GenerateRequest(f"b{i}", p, greedy(20))] for i, p in enumerate(prompts)}
     outputs = run_to_completion(llm, arrivals)
     for i, prompt in enumerate(prompts):
         assert _strip_eos(llm, token_ids(outputs[f"b{i}"])) == reference_greedy(llm, prompt, 20), PROMPTS[i]
     assert llm.pool.num_free == llm.pool.num_blocks
+    assert bool(reads) == in_place
+
+
+def _counting(fn, calls: list):
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return fn(*args, **kwargs)
+
+    return counted
 
 
 def test_prefix_cache_hit_gives_same_output_and_counts_hits(any_llm):

@@ -1,0 +1,52 @@
+"""In-place decode attention through windows over block runs: the same output as attention over
+the gathered context, for any mix of runs, lengths, GQA and segments at the pool's end."""
+
+import engine  # noqa: F401  # isort: split
+from engine.window_attention import plan_windows, runs, window_attention
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+BS = 4
+
+
+def test_runs_split_a_table_at_every_jump():
+    assert runs([3, 4, 5, 9, 10, 2]) == [(3, 3), (9, 2), (2, 1)]
+    assert runs([7]) == [(7, 1)]
+
+
+def test_windows_that_would_read_far_more_than_the_context_fall_back_to_the_gather():
+    # Long runs in different slots: each slot is as wide as its longest segment.
+    tables = [[0, 1, 2, 3, 4, 5], [10, 12, 13, 14, 15, 16], [20, 22, 24, 25, 26, 27]]
+    assert plan_windows([24, 24, 24], tables, BS, pool_tokens=30 * BS) is None
+    plan = plan_windows([24, 24], [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]], BS, 30 * BS)
+    assert plan is not None and plan.widths == [24]
+
+
+def reference(queries, k_pool, v_pool, tables, lengths, scale):
+    outs = []
+    for b, (table, length) in enumerate(zip(tables, lengths)):
+        k = k_pool[:, mx.array(table)].reshape(k_pool.shape[0], -1, k_pool.shape[-1])[:, :length]
+        v = v_pool[:, mx.array(table)].reshape(v_pool.shape[0], -1, v_pool.shape[-1])[:, :length]
+        outs.append(mx.fast.scaled_dot_product_attention(queries[b : b + 1], k[None], v[None], scale=scale))
+    return mx.concatenate(outs)
+
+
+@pytest.mark.parametrize("num_q,num_kv", [(6, 2), (4, 4)])
+def test_window_attention_equals_attention_over_the_gathered_context(num_q, num_kv):
+    num_blocks, dim = 20, 8
+    key = mx.random.key(0)
+    k1, k2, k3 = mx.random.split(key, 3)
+    k_pool = mx.random.normal((num_kv, num_blocks, BS, dim), key=k1)
+    v_pool = mx.random.normal((num_kv, num_blocks, BS, dim), key=k2)
+    tables = [[2, 3, 4], [7, 8, 12, 13], [18, 19], [0, 15, 16, 17]]  # the third ends at the pool's end
+    lengths = [11, 14, 5, 13]
+    queries = mx.random.normal((len(tables), num_q, 1, dim), key=k3)
+    plan = plan_windows(lengths, tables, BS, num_blocks * BS)
+    assert plan is not None and plan.widths == [11, 9]
+    index = plan.window_index(num_kv, num_blocks * BS)
+    out = window_attention(queries, k_pool, v_pool, plan, index, 0.3)
+    expected = reference(queries, k_pool, v_pool, tables, lengths, 0.3)
+    assert out.shape == expected.shape
+    assert np.allclose(np.array(out), np.array(expected), atol=1e-5)
