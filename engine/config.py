@@ -56,6 +56,15 @@ class EngineConfig(BaseModel):
         ),
     )
 
+    kv_in_place: bool | None = Field(
+        None,
+        description=(
+            "Batched decode attention reads K/V where they lie in the paged pools (engine/window_attention.py) "
+            "instead of gathering each row's context through its block table. None: on for MLX's CPU backend "
+            "where the model's attention allows it; False: always gather."
+        ),
+    )
+
     @model_validator(mode="after")
     def _check_budget(self) -> EngineConfig:
         if self.max_num_batched_tokens < self.block_size:

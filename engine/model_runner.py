@@ -70,17 +70,19 @@ def probe_layer_shapes(model: nn.Module) -> list[LayerShape]:
 
 
 class ModelRunner:
-    def __init__(self, model: nn.Module, storage: KVStorage):
+    def __init__(self, model: nn.Module, storage: KVStorage, kv_in_place: bool | None = None):
         self.model = model
         self.storage = storage
         self.block_size = storage.block_size
         # MLX's CUDA backend: decode rows run as one compiled, bucketed graph with the paged attention
         # kernel (engine/decode_graph.py); None on other devices, which keep the eager path below.
         self.decode_graph = make_decode_graph(model, storage)
-        # Elsewhere, batched decode attention reads K/V in place (engine/window_attention.py) where
-        # every layer is full attention and routes through the hook; else it gathers the context.
+        # On the CPU, batched decode attention reads K/V in place (engine/window_attention.py) where
+        # every layer is full attention and routes through the hook; elsewhere (Metal: not measured
+        # there) and for other models it gathers the context through the block tables.
         in_place = (
-            self.decode_graph is None
+            (kv_in_place if kv_in_place is not None else mx.default_device().type == mx.DeviceType.cpu)
+            and self.decode_graph is None
             and attention_hook.full_attention(model)
             and attention_hook.routes_every_layer(model)
         )
