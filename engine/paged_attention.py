@@ -97,10 +97,10 @@ class StepLayout:
             self.windows = plan_windows([o + 1 for o in offsets], block_tables, block_size, pool_tokens)
         self._window_index: dict[int, list[mx.array]] = {}
 
-    def window_index(self, heads: int, pool_tokens: int) -> list[mx.array]:
+    def window_index(self, heads: int) -> list[mx.array]:
         assert self.windows is not None
         if heads not in self._window_index:
-            self._window_index[heads] = self.windows.window_index(heads, pool_tokens)
+            self._window_index[heads] = self.windows.window_index(heads)
         return self._window_index[heads]
 
     def rows(self, heads: int, num_blocks: int) -> tuple[mx.array, mx.array]:
@@ -166,8 +166,7 @@ class PagedLayerCache:
     ) -> mx.array:
         layout = self.layout
         assert layout.windows is not None
-        heads, num_blocks, block_size, _ = k_pool.shape
-        index = layout.window_index(heads, num_blocks * block_size)
+        index = layout.window_index(k_pool.shape[0])
         return window_attention(queries, k_pool, v_pool, layout.windows, index, scale)
 
     def gather(self, k_pool: mx.array, v_pool: mx.array) -> tuple[mx.array, mx.array, mx.array | str | None]:
@@ -207,6 +206,9 @@ class PagedLayerCache:
         self, N: int, return_array: bool = False, window_size: int | None = None
     ) -> mx.array | str | None:
         assert N == self.layout.num_new
+        if self.deferred:  # window attention masks each row's windows itself
+            assert window_size is None, "windows serve full attention only"
+            return None
         return self.layout.mask(window_size)
 
     def is_trimmable(self) -> bool:

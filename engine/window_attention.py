@@ -33,20 +33,18 @@ MAX_READ_RATIO = 1.3
 
 @dataclass(frozen=True)
 class WindowPlan:
-    batch: int
     widths: list[int]  # W_s per slot
-    starts: np.ndarray  # (B, S) first token of each segment, flat within one head
+    firsts: np.ndarray  # (B, S) window start of each segment, flat within one head (shift applied)
+    pool_tokens: int  # NT
     visible: mx.array  # (B, 1, 1, sum of widths) bool
 
-    def window_index(self, num_kv_heads: int, pool_tokens: int) -> list[mx.array]:
+    def window_index(self, num_kv_heads: int) -> list[mx.array]:
         """Per slot, the window of each (b, h), ordered b-major: (B * KVH,) uint32."""
-        heads = np.arange(num_kv_heads)[None, :] * pool_tokens
-        out = []
-        for slot, width in enumerate(self.widths):
-            starts = self.starts[:, slot]
-            first = (starts - np.maximum(0, starts + width - pool_tokens))[:, None] + heads
-            out.append(mx.array(first.reshape(-1).astype(np.uint32)))
-        return out
+        heads = np.arange(num_kv_heads)[None, :] * self.pool_tokens
+        return [
+            mx.array((self.firsts[:, [s]] + heads).reshape(-1).astype(np.uint32))
+            for s in range(len(self.widths))
+        ]
 
 
 def runs(table: list[int]) -> list[tuple[int, int]]:
@@ -77,16 +75,16 @@ def plan_windows(
     context = max(len(t) for t in tables) * block_size
     if sum(widths) > MAX_READ_RATIO * context or max(widths) > pool_tokens:
         return None
-    starts = np.zeros((len(lengths), num_slots), dtype=np.int64)
+    firsts = np.zeros((len(lengths), num_slots), dtype=np.int64)
     visible = np.zeros((len(lengths), sum(widths)), dtype=bool)
     offsets = np.cumsum([0] + widths)
     for b, spans in enumerate(segments):
         for s, (start, n) in enumerate(spans):
             shift = max(0, start + widths[s] - pool_tokens)
-            starts[b, s] = start
+            firsts[b, s] = start - shift
             visible[b, offsets[s] + shift : offsets[s] + shift + n] = True
     mask = mx.array(visible.reshape(len(lengths), 1, 1, -1))
-    return WindowPlan(len(lengths), widths, starts, mask)
+    return WindowPlan(widths, firsts, pool_tokens, mask)
 
 
 def window_attention(

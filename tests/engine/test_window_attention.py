@@ -45,7 +45,7 @@ def test_window_attention_equals_attention_over_the_gathered_context(num_q, num_
     queries = mx.random.normal((len(tables), num_q, 1, dim), key=k3)
     plan = plan_windows(lengths, tables, BS, num_blocks * BS)
     assert plan is not None and plan.widths == [11, 9]
-    index = plan.window_index(num_kv, num_blocks * BS)
+    index = plan.window_index(num_kv)
     out = window_attention(queries, k_pool, v_pool, plan, index, 0.3)
     expected = reference(queries, k_pool, v_pool, tables, lengths, 0.3)
     assert out.shape == expected.shape
