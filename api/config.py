@@ -92,6 +92,12 @@ class ImageLimitsConfig(_Strict):
         description="Let image URLs name files on the server (file:// or a path). Off: such URLs are 400, so "
         "no request can make the server read a local file. Turn on only for trusted clients.",
     )
+    allow_private_urls: bool = Field(
+        False,
+        description="Let http(s) image URLs reach loopback, private, link-local and other non-public "
+        "addresses (checked at every redirect). Off: such URLs are 400, so no request can make the server "
+        "probe its own network. Turn on for images on a local network, with trusted clients only.",
+    )
 
 
 class LimitsConfig(_Strict):

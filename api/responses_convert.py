@@ -2,7 +2,9 @@
 
 Owns which Responses fields are honoured: anything parsed but not honoured is a 400 naming the field,
 never dropped. Function calls and their outputs in `input` become chat-template tool calls and tool
-turns; reasoning items become the next assistant turn's `reasoning_content`. The reverse direction lives in api/responses_outputs.py. No Ray, no MLX.
+turns; reasoning items become the next assistant turn's `reasoning_content`; `input_image` parts
+become image parts that keep their URL, so a stored conversation replays its images. The reverse
+direction lives in api/responses_outputs.py. No Ray, no MLX.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from api.responses_schemas import (
     FunctionCallItem,
     FunctionCallOutputItem,
     FunctionTool,
+    InputImage,
     InputText,
     MessageItem,
     ReasoningItem,
@@ -27,7 +30,17 @@ from api.responses_schemas import (
 )
 from api.responses_tools import tool_choice
 from api.structured_formats import responses_text_format
-from api.template_messages import ChatPrompt, Message, Tool, text_turn, tool_call, tool_result
+from api.template_messages import (
+    ChatPrompt,
+    Message,
+    Tool,
+    image_part,
+    parts_turn,
+    text_part,
+    text_turn,
+    tool_call,
+    tool_result,
+)
 
 _NOT_YET = "not supported yet"
 
@@ -78,11 +91,22 @@ def _check_items(items: list) -> None:
             raise unsupported(f"input[{i}].encrypted_content", "this server encrypts no reasoning")
         if isinstance(item, MessageItem) and not isinstance(item.content, str):
             for j, part in enumerate(item.content):
+                where = f"input[{i}].content[{j}]"
                 if isinstance(part, UnsupportedPart):
-                    where = f"input[{i}].content[{j}]"
-                    raise unsupported(
-                        where, f"{part.type!r} parts are not supported by this text-only server"
-                    )
+                    raise unsupported(where, f"{part.type!r} parts are not supported by this server")
+                if isinstance(part, InputImage):
+                    _check_image(where, part, item.role)
+
+
+def _check_image(where: str, part: InputImage, role: str) -> None:
+    if role != "user":
+        raise invalid(where, f"{where}: 'input_image' parts belong in user messages")
+    if part.file_id is not None:
+        raise unsupported(f"{where}.file_id", "this server has no Files API; send image_url as a data: URL")
+    if not part.image_url:
+        raise invalid(f"{where}.image_url", f"{where}: an input_image part needs image_url, a URL string")
+    if part.detail not in (None, "auto"):
+        raise unsupported(f"{where}.detail", "the model's processor sets the detail; send 'auto'")
 
 
 # --- prompt ------------------------------------------------------------------------------------
@@ -128,12 +152,29 @@ def _message_turn(item: MessageItem) -> Message:
     role = "system" if item.role == "developer" else item.role
     if isinstance(item.content, str):
         return text_turn(role, item.content)
-    return text_turn(role, "\n".join(map(_part_text, item.content)))
+    return parts_turn(role, [_part(part) for part in item.content])
 
 
-def _part_text(part: InputText | Refusal | UnsupportedPart) -> str:
+def _part(part: InputText | Refusal | InputImage | UnsupportedPart) -> dict[str, Any]:
     assert not isinstance(part, UnsupportedPart), "rejected by check_supported"
-    return part.text if isinstance(part, InputText) else part.refusal
+    if isinstance(part, InputImage):
+        return {**image_part(), _IMAGE_URL: part.image_url}
+    return text_part(part.text if isinstance(part, InputText) else part.refusal)
+
+
+_IMAGE_URL = "image_url"  # kept in a turn's image part: a conversation replayed from the store needs it
+
+
+def _split_images(turns: list[Message]) -> tuple[list[Message], tuple[str, ...]]:
+    """Turns as the template renders them (bare image parts), and their images' URLs in order."""
+    urls: list[str] = []
+    rendered = []
+    for turn in turns:
+        if isinstance(turn.get("content"), list):
+            urls += [part[_IMAGE_URL] for part in turn["content"] if part["type"] == "image"]
+            turn = {**turn, "content": [image_part() if p["type"] == "image" else p for p in turn["content"]]}
+        rendered.append(turn)
+    return rendered, tuple(urls)
 
 
 def _add_call(turns: list[Message], item: FunctionCallItem, param: str) -> None:
@@ -162,7 +203,8 @@ def _output_text(item: FunctionCallOutputItem) -> str:
 def chat_prompt(req: ResponsesRequest, conversation: list[Message]) -> ChatPrompt:
     """`conversation`: the stored turns of previous_response_id, then this request's input turns."""
     system = [text_turn("system", req.instructions)] if req.instructions else []
-    return ChatPrompt(system + conversation, template_tools(req))
+    messages, image_urls = _split_images(system + conversation)
+    return ChatPrompt(messages, template_tools(req), image_urls=image_urls)
 
 
 def template_tools(req: ResponsesRequest) -> list[Tool] | None:

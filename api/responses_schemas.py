@@ -30,14 +30,23 @@ class Refusal(_Strict):
     refusal: str
 
 
+class InputImage(_Strict):
+    """An image for a vision-language model: `image_url` is a data: or http(s): URL (api/images.py)."""
+
+    type: Literal["input_image"]
+    image_url: str | None = None
+    file_id: str | None = Field(None, description="Refused: this server has no Files API; send image_url.")
+    detail: str | None = Field(None, description="Only 'auto': the model's processor sets the detail.")
+
+
 class UnsupportedPart(BaseModel):
-    """A content part this text-only server cannot read; rejected by name."""
+    """A content part this server cannot read; rejected by name."""
 
     model_config = ConfigDict(extra="allow")
-    type: Literal["input_image", "input_file", "input_audio"]
+    type: Literal["input_file", "input_audio"]
 
 
-ContentPart = Annotated[InputText | Refusal | UnsupportedPart, Field(discriminator="type")]
+ContentPart = Annotated[InputText | Refusal | InputImage | UnsupportedPart, Field(discriminator="type")]
 
 
 class MessageItem(_Strict):

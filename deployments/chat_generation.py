@@ -48,7 +48,7 @@ async def image_prompt_inputs(
             f"the model {info.model_name!r} accepts no images; send text only, or serve a vision-language "
             "model (docs/vision.md)",
         )
-    images = await load_images(list(prompt.image_urls), limits)
+    images = await load_images(list(prompt.image_urls), limits, prompt_param)
     result = await tokenizer.chat_prompt_inputs.remote(
         prompt.messages,
         images,

@@ -124,7 +124,9 @@ class Ingress:
             scheduler, tokenizer, self._resolve_model, self._model_info, self._parsers
         )
         self._anthropic.image_limits = self.limits.images
-        self._responses = ResponsesRoutes(scheduler, tokenizer, self._resolve_model, self._parsers)
+        self._responses = ResponsesRoutes(
+            scheduler, tokenizer, self._resolve_model, self._model_info, self._parsers, self.limits.images
+        )
 
     @app.get("/health")
     async def health(self) -> dict[str, str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from engine.messages import GenerateRequest
+from engine.messages import GenerateRequest, ImageInputs
 
 from fastapi.responses import JSONResponse, Response
 from ray.serve.handle import DeploymentHandle
@@ -17,6 +17,7 @@ from starlette.requests import Request
 
 from api import sse
 from api.body import parse_body
+from api.config import ImageLimitsConfig
 from api.responses_convert import (
     chat_prompt,
     check_supported,
@@ -29,8 +30,9 @@ from api.responses_outputs import OutputItem, ResponseMeta, finished_response, s
 from api.responses_schemas import ResponsesRequest
 from api.responses_stream import response_events
 from api.responses_tools import tool_choice
-from api.template_messages import Message
+from api.template_messages import ChatPrompt, Message
 from deployments import chat_generation
+from deployments.messages import ModelInfo
 from deployments.output_parsing import OutputParsers
 from deployments.response_store import ResponseStore
 
@@ -43,13 +45,17 @@ class ResponsesRoutes:
         scheduler: DeploymentHandle,
         tokenizer: DeploymentHandle,
         resolve_model: Callable[[str], Awaitable[str]],
+        model_info: Callable[[], Awaitable[ModelInfo]],
         parsers: OutputParsers,
+        image_limits: ImageLimitsConfig,
         store: ResponseStore | None = None,
     ):
         self._scheduler = scheduler
         self._tokenizer = tokenizer
         self._resolve_model = resolve_model
+        self._model_info = model_info
         self._parsers = parsers
+        self._image_limits = image_limits
         self._store = store or ResponseStore()
 
     async def create(self, request: Request) -> Response:
@@ -60,9 +66,9 @@ class ResponsesRoutes:
         choice = tool_choice(req)
         parsing = await self._parsers.for_request(choice, params, "tool_choice")
         conversation = self._history(req.previous_response_id) + input_turns(req)
-        ids = await chat_generation.prompt_ids(self._tokenizer, chat_prompt(req, conversation), PROMPT_PARAM)
+        ids, images = await self._prompt_inputs(chat_prompt(req, conversation))
         generation, state = await chat_generation.start(
-            self._scheduler, GenerateRequest(meta.id, ids, params), PROMPT_PARAM
+            self._scheduler, GenerateRequest(meta.id, ids, params, images), PROMPT_PARAM
         )
 
         def remember(output: list[OutputItem]) -> None:
@@ -78,6 +84,14 @@ class ResponsesRoutes:
         batches = generation.batches()
         frames = response_events(meta, settings(req), state, batches, remember, parsing, choice.parallel)
         return sse.EventStreamResponse(frames, on_close=generation.cancel)
+
+    async def _prompt_inputs(self, prompt: ChatPrompt) -> tuple[list[int], ImageInputs | None]:
+        if not prompt.image_urls:
+            return await chat_generation.prompt_ids(self._tokenizer, prompt, PROMPT_PARAM), None
+        info = await self._model_info()
+        return await chat_generation.image_prompt_inputs(
+            self._tokenizer, prompt, PROMPT_PARAM, info, self._image_limits
+        )
 
     def _history(self, previous_response_id: str | None) -> list[Message]:
         if previous_response_id is None:

@@ -30,6 +30,8 @@ def make_decode_graph(model: nn.Module, storage: KVStorage) -> DecodeGraph | Non
     """The decode path for MLX's CUDA backend: paged attention kernel, fused gate/up, few-row matmul
     kernel, compiled bucketed graph. None elsewhere (CPU, Metal, models the kernel cannot serve): the runner keeps
     its portable eager path there."""
+    if getattr(model, "mrope", False):
+        return None  # the graph places rows at 1-D cache offsets; M-RoPE rows need explicit positions
     head_dims = [(s.k_head_dim, s.v_head_dim) for s in storage.shapes]
     if not cuda_attention.enable_for(model, head_dims, storage.keys[0].dtype):
         return None

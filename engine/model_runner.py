@@ -14,7 +14,7 @@ from engine import attention_hook
 from engine.decode_graph import make_decode_graph
 from engine.paged_attention import KVStorage, LayerShape, PagedLayerCache, StepLayout
 from engine.scheduler import ScheduledRequest, SchedulerPlan
-from engine.vision_model import input_embeddings
+from engine.vision_model import model_inputs
 
 import mlx.core as mx
 from mlx import nn
@@ -132,7 +132,7 @@ class ModelRunner:
         else:
             layout = StepLayout([s.start for s in chunk], num_new, tables, self.block_size, self.pool_tokens)
             caches = [PagedLayerCache(self.storage, i, layout) for i in range(len(self.storage.shapes))]
-            logits = self.model(tokens, cache=caches, **input_embeddings(self.model, chunk, tokens))
+            logits = self.model(tokens, cache=caches, **model_inputs(self.model, chunk, tokens))
         # Launch each forward at once: the next one's scatter then finds the pools evaluated and
         # updates them in place, and the host goes on building while the device computes.
         to_eval = [logits] if chunk[0].needs_sample or num_new == 1 else []

@@ -2,8 +2,8 @@
 merged input embeddings while its prefill runs.
 
 Owns the rule that keeps prefix caching honest: a KV block holding image tokens is keyed by the images'
-content hash as well as its token ids (`block_key`). Holds no MLX at import; the embeddings slot is
-filled and emptied by engine/vision_model.py.
+content hash as well as its token ids (`block_key`); and, for M-RoPE models, each token's 3-D
+position. Holds no MLX at import; the embeddings and positions are filled by engine/vision_model.py.
 """
 
 from __future__ import annotations
@@ -24,6 +24,10 @@ class VisionState:
     image_positions: list[int]  # sorted prompt positions of image placeholder tokens
     num_prompt_tokens: int
     embeddings: Any = None  # mx.array (1, num_prompt_tokens, hidden) while the prefill needs it
+    # M-RoPE models (Qwen2-VL): the prompt's (time, height, width) positions, (3, num_prompt_tokens),
+    # and the shift of every later position, set once by engine/vision_model.py. None elsewhere.
+    mrope_positions: np.ndarray | None = None
+    rope_delta: int = 0
     _key: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -37,6 +41,16 @@ class VisionState:
     def needs_embeddings(self, start: int) -> bool:
         """A chunk from `start` still lies in the prompt, which runs on the merged embeddings."""
         return start < self.num_prompt_tokens
+
+    def position_ids(self, start: int, num: int) -> np.ndarray:
+        """(3, num) M-RoPE positions of tokens start..start+num: the prompt's grid positions, then
+        (generated tokens, or a recompute reaching them) 1-D positions shifted by `rope_delta`."""
+        assert self.mrope_positions is not None
+        positions = np.arange(start, start + num) + self.rope_delta
+        in_prompt = max(0, min(start + num, self.num_prompt_tokens) - start)
+        out = np.broadcast_to(positions, (3, num)).copy()
+        out[:, :in_prompt] = self.mrope_positions[:, start : start + in_prompt]
+        return out
 
 
 def vision_state(

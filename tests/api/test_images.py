@@ -3,6 +3,9 @@ image parts plus URLs; data URLs decode; local files and odd schemes are refused
 
 import asyncio
 import base64
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -138,5 +141,61 @@ def test_too_many_and_too_large_images_are_400s():
 
 def test_an_unreachable_url_is_a_400_not_a_hang():
     with pytest.raises(ApiError, match="image 1: fetching") as err:
-        _load(["http://127.0.0.1:9/none.png"], fetch_timeout_s=2)
+        _load(["http://127.0.0.1:9/none.png"], fetch_timeout_s=2, allow_private_urls=True)
     assert err.value.status == 400
+
+
+@pytest.fixture
+def image_server() -> Iterator[tuple[str, list[str]]]:
+    """A real HTTP server on loopback: /a.png answers the image, /hop redirects to it; it logs paths."""
+    hits: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            hits.append(self.path)
+            if self.path == "/hop":
+                self.send_response(302)
+                self.send_header("Location", "/a.png")
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(PNG)))
+            self.end_headers()
+            self.wfile.write(PNG)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", hits
+    finally:
+        server.shutdown()
+
+
+def test_private_addresses_are_refused_before_any_connection(image_server):
+    base, hits = image_server
+    for url in (f"{base}/a.png", f"{base.replace('127.0.0.1', 'localhost')}/a.png"):
+        with pytest.raises(ApiError, match="non-public address") as err:
+            _load([url])
+        assert err.value.status == 400 and err.value.param == "messages"
+    assert hits == []  # refused before a connection was made
+
+
+@pytest.mark.parametrize("host", ["10.1.2.3", "192.168.0.1", "169.254.169.254", "[::1]", "0.0.0.0"])
+def test_private_and_metadata_addresses_are_refused(host):
+    with pytest.raises(ApiError, match="non-public address"):
+        _load([f"http://{host}/latest/meta-data"])
+
+
+def test_allowed_private_urls_are_fetched_following_redirects(image_server):
+    base, hits = image_server
+    assert _load([f"{base}/hop"], allow_private_urls=True) == [PNG]
+    assert hits == ["/hop", "/a.png"]
+
+
+def test_errors_name_the_routes_prompt_field():
+    with pytest.raises(ApiError) as err:
+        asyncio.run(load_images(["ftp://x/a.png"], ImageLimitsConfig(), "input"))
+    assert err.value.param == "input"

@@ -117,7 +117,27 @@ def test_reasoning_items_become_the_next_assistant_turns_reasoning():
             "input[0].encrypted_content",
         ),
         (
-            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
+            "input[0].content[0]",
+        ),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "f"}]}]},
+            "input[0].content[0].file_id",
+        ),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
+            "input[0].content[0].image_url",
+        ),
+        (
+            {
+                "input": [
+                    {"role": "user", "content": [{"type": "input_image", "image_url": "x", "detail": "low"}]}
+                ]
+            },
+            "input[0].content[0].detail",
+        ),
+        (
+            {"input": [{"role": "assistant", "content": [{"type": "input_image", "image_url": "x"}]}]},
             "input[0].content[0]",
         ),
     ],
@@ -130,3 +150,24 @@ def test_unhonoured_fields_are_400s_naming_them(fields, param):
 def test_unknown_item_type_fails_validation():
     with pytest.raises(ValueError):
         request(input=[{"type": "web_search_call", "id": "ws_1"}])
+
+
+def test_input_images_become_image_parts_and_urls_also_from_a_stored_conversation():
+    image = {"type": "input_image", "image_url": "data:image/png;base64,AAAA", "detail": "auto"}
+    first = request(input=[{"role": "user", "content": [image, {"type": "input_text", "text": "What?"}]}])
+    check_supported(first)
+    stored = input_turns(first)  # what the response store keeps for previous_response_id
+    follow_up = request(
+        input=[
+            {"role": "user", "content": [{"type": "input_image", "image_url": "https://example.com/b.png"}]}
+        ]
+    )
+    prompt = chat_prompt(
+        follow_up, [*stored, {"role": "assistant", "content": "A cat."}, *input_turns(follow_up)]
+    )
+    assert prompt.messages == [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What?"}]},
+        {"role": "assistant", "content": "A cat."},
+        {"role": "user", "content": [{"type": "image"}]},
+    ]
+    assert prompt.image_urls == ("data:image/png;base64,AAAA", "https://example.com/b.png")

@@ -1,27 +1,34 @@
-"""Images end to end: a second app serves the tiny random-weight SmolVLM (tests/tiny_vlm.py) beside the
-session app, at route prefix /vlm; the real openai and anthropic SDKs send images through it, and the
-400 cases (text-only model, non-image bytes, too many images, file:// URL) come back clean."""
+"""Images end to end: a second app serves a tiny random-weight VLM (tests/tiny_vlm.py: SmolVLM, then
+Qwen2-VL with M-RoPE) beside the session app, at route prefix /vlm; the real openai and anthropic SDKs
+send images through it (data: URLs, base64 blocks, http URLs, /v1/responses input_image), and the 400
+cases (text-only model, non-image bytes, too many images, file:// URL) come back clean."""
 
 import base64
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from tests.e2e.conftest import _wait_healthy
-from tests.tiny_vlm import IMAGE_SEQ_LEN, build_tiny_vlm, png_bytes
+from tests.tiny_vlm import IMAGE_SEQ_LEN, build_tiny_qwen2_vl, build_tiny_vlm, png_bytes
 
 pytestmark = pytest.mark.e2e
 
 MAX_IMAGES = 2
+# Image tokens of png_bytes' default 48x40 picture: SmolVLM always 4; Qwen2-VL one per 28x28 of 84x56.
+BUILDERS = {"smolvlm": (build_tiny_vlm, IMAGE_SEQ_LEN), "qwen2_vl": (build_tiny_qwen2_vl, 6)}
 
 
-@pytest.fixture(scope="module")
-def vlm_url(base_url: str, tmp_path_factory) -> Iterator[str]:
+@pytest.fixture(scope="module", params=list(BUILDERS))
+def vlm(request, base_url: str, tmp_path_factory) -> Iterator[tuple[str, int]]:
+    """(the app's URL, image tokens per default picture), for each tiny VLM in turn."""
     from ray import serve
 
     from deployments.app import build_app
 
-    model_dir = build_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm"))
+    build, image_tokens = BUILDERS[request.param]
+    model_dir = build(tmp_path_factory.mktemp(f"tiny-{request.param}"))
     args = {
         "engine": {
             "model": str(model_dir),
@@ -33,15 +40,20 @@ def vlm_url(base_url: str, tmp_path_factory) -> Iterator[str]:
         "tokenizer": {"num_cpus": 0.1},
         "ingress": {"num_cpus": 0.1},
         "embedder": {"enabled": False},
-        "limits": {"images": {"max_images_per_request": MAX_IMAGES}},
+        "limits": {"images": {"max_images_per_request": MAX_IMAGES, "allow_private_urls": True}},
     }
     serve.run(build_app(args), name="vlm", route_prefix="/vlm")
     url = f"{base_url}/vlm"
     _wait_healthy(url)
     try:
-        yield url
+        yield url, image_tokens
     finally:
         serve.delete("vlm")
+
+
+@pytest.fixture
+def vlm_url(vlm) -> str:
+    return vlm[0]
 
 
 def _data_url(data: bytes) -> str:
@@ -59,7 +71,8 @@ def _image_message(*urls: str) -> list[dict]:
     return [{"role": "user", "content": [*parts, {"type": "text", "text": "What is in the picture?"}]}]
 
 
-def test_openai_sdk_sends_a_data_url_image(vlm_url):
+def test_openai_sdk_sends_a_data_url_image(vlm):
+    vlm_url, image_tokens = vlm
     client = _openai(vlm_url)
     with_image = client.chat.completions.create(
         model="default", messages=_image_message(_data_url(png_bytes(1))), max_tokens=6, temperature=0
@@ -70,8 +83,8 @@ def test_openai_sdk_sends_a_data_url_image(vlm_url):
         max_tokens=6,
         temperature=0,
     )
-    # The processor expanded the image into IMAGE_SEQ_LEN image tokens (plus wrapper tokens).
-    assert with_image.usage.prompt_tokens >= text_only.usage.prompt_tokens + IMAGE_SEQ_LEN
+    # The processor expanded the image into its image tokens (plus wrapper tokens).
+    assert with_image.usage.prompt_tokens >= text_only.usage.prompt_tokens + image_tokens
     assert with_image.usage.completion_tokens == 6 and with_image.choices[0].message.content
 
 
@@ -138,3 +151,82 @@ def test_anthropic_image_to_a_text_only_model_is_an_anthropic_400(base_url):
             max_tokens=4,
             messages=[{"role": "user", "content": [{"type": "image", "source": source}]}],
         )
+
+
+@pytest.fixture(scope="module")
+def image_host() -> Iterator[str]:
+    """A real HTTP server on loopback serving one PNG at /cat.png (the VLM app allows private URLs)."""
+    picture = png_bytes(7)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/cat.png" else 404)
+            self.send_header("Content-Type", "image/png")
+            self.end_headers()
+            if self.path == "/cat.png":
+                self.wfile.write(picture)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+def test_an_http_image_url_is_fetched_and_equals_the_same_bytes_inline(vlm_url, image_host):
+    client = _openai(vlm_url)
+
+    def reply(url: str):
+        return client.chat.completions.create(
+            model="default", messages=_image_message(url), max_tokens=6, temperature=0
+        )
+
+    fetched, inline = reply(f"{image_host}/cat.png"), reply(_data_url(png_bytes(7)))
+    assert fetched.choices[0].message.content == inline.choices[0].message.content
+    assert fetched.usage.prompt_tokens == inline.usage.prompt_tokens
+    body = _bad_request(client, _image_message(f"{image_host}/missing.png"))
+    assert "answered HTTP 404" in body["message"]
+
+
+def test_responses_input_image_and_a_follow_up_that_replays_it(vlm):
+    vlm_url, image_tokens = vlm
+    client = _openai(vlm_url)
+    url = _data_url(png_bytes(8))
+    question = "What is in the picture?"
+    content = [{"type": "input_image", "image_url": url}, {"type": "input_text", "text": question}]
+    first = client.responses.create(
+        model="default", input=[{"role": "user", "content": content}], max_output_tokens=4, temperature=0
+    )
+    text_only = client.responses.create(model="default", input=question, max_output_tokens=4, temperature=0)
+    assert first.usage.input_tokens >= text_only.usage.input_tokens + image_tokens
+    follow_up = client.responses.create(
+        model="default",
+        input="And its colours?",
+        previous_response_id=first.id,
+        max_output_tokens=4,
+        temperature=0,
+    )
+    # The stored turn's image is replayed: the same conversation through chat completions, image
+    # included, has the same prompt and gives the same answer.
+    same = client.chat.completions.create(
+        model="default",
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": url}},
+                    {"type": "text", "text": question},
+                ],
+            },
+            {"role": "assistant", "content": first.output_text},
+            {"role": "user", "content": "And its colours?"},
+        ],
+        max_tokens=4,
+        temperature=0,
+    )
+    assert follow_up.usage.input_tokens == same.usage.prompt_tokens
+    assert follow_up.output_text == same.choices[0].message.content

@@ -141,6 +141,6 @@ def test_block_key_marks_only_blocks_with_image_tokens():
         vision_state([5, 5], images, image_token_id=9)
 
 
-def test_m_rope_models_are_refused_with_a_reason(tmp_path):
-    with pytest.raises(UnsupportedVisionModelError, match="qwen2_vl.*smolvlm"):
-        load_vision_model(str(tmp_path), {"model_type": "qwen2_vl"}, mx.float32, set_dtype=True)
+def test_unserved_vision_architectures_are_refused_with_the_served_ones(tmp_path):
+    with pytest.raises(UnsupportedVisionModelError, match="'qwen3_vl' is not served.*smolvlm.*qwen2_vl"):
+        load_vision_model(str(tmp_path), {"model_type": "qwen3_vl"}, mx.float32, set_dtype=True)
