@@ -11,12 +11,16 @@ gathered context, to read K/V where they lie; it then says so and answers for th
                                                       when the call carries what the fast path does
                                                       not know (attention sinks, extra arguments)
 
+A cache on MLX's CPU backend may also say `cache.cpu_attention`: attention over the context it
+returned then runs as engine/cpu_math.py's (its softmax avoids MLX's scalar CPU exp).
 Every other cache goes straight to mlx-lm's function.
 """
 
 from __future__ import annotations
 
 import sys
+
+from engine import cpu_math
 
 import mlx.core as mx
 from mlx import nn
@@ -48,6 +52,8 @@ def _dispatch(original):
             if not extra and not kwargs:
                 return cache.paged_attention(queries, keys, values, scale)
             keys, values, mask = cache.gather(keys, values)
+        if getattr(cache, "cpu_attention", False) and not extra and not kwargs:
+            return cpu_math.attention(queries, keys, values, scale, mask)
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask, **extra, **kwargs)
 
     scaled_dot_product_attention._paged_hook = True  # type: ignore[attr-defined]

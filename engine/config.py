@@ -56,6 +56,13 @@ class EngineConfig(BaseModel):
         ),
     )
 
+    cpu_math: bool | None = Field(
+        None,
+        description=(
+            "Attention softmax and SwiGLU use engine/cpu_math.py's exp (fused multiply-adds) instead of MLX's "
+            "scalar CPU exp. None: on for MLX's CPU backend; False: MLX's own functions everywhere."
+        ),
+    )
     kv_in_place: bool | None = Field(
         None,
         description=(

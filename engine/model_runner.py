@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine import attention_hook
+from engine import activation_hook, attention_hook
 from engine.decode_graph import make_decode_graph
+from engine.model_head import split_head
 from engine.paged_attention import KVStorage, LayerShape, PagedLayerCache, StepLayout
 from engine.scheduler import ScheduledRequest, SchedulerPlan
 from engine.vision_model import model_inputs
@@ -70,7 +71,13 @@ def probe_layer_shapes(model: nn.Module) -> list[LayerShape]:
 
 
 class ModelRunner:
-    def __init__(self, model: nn.Module, storage: KVStorage, kv_in_place: bool | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        storage: KVStorage,
+        kv_in_place: bool | None = None,
+        cpu_math: bool | None = None,
+    ):
         self.model = model
         self.storage = storage
         self.block_size = storage.block_size
@@ -87,6 +94,16 @@ class ModelRunner:
             and attention_hook.routes_every_layer(model)
         )
         self.pool_tokens = storage.keys[0].shape[1] * self.block_size if in_place else None
+        # MLX's CPU exp is scalar code: attention's softmax and the MLP's SiLU run on engine/cpu_math.py's
+        # instead, through the attention hook and a swap of mlx-lm's swiglu.
+        on_cpu = mx.default_device().type == mx.DeviceType.cpu
+        self.cpu_math = (cpu_math if cpu_math is not None else on_cpu) and self.decode_graph is None
+        if self.cpu_math:
+            attention_hook.install(model)
+            activation_hook.install(model)
+        # A prefill chunk needs logits for its last token only (engine/model_head.py); None: the
+        # model's own call computes them for every token.
+        self.head = split_head(model)
 
     def execute(self, plan: SchedulerPlan, pending: DeviceTokens | None = None) -> StepLogits:
         decode = [s for s in plan.scheduled if s.num_new_tokens == 1]
@@ -130,9 +147,14 @@ class ModelRunner:
         if num_new == 1 and self.decode_graph is not None:
             logits = self.decode_graph(tokens[:, 0], [s.start for s in chunk], tables)[:, None, :]
         else:
-            layout = StepLayout([s.start for s in chunk], num_new, tables, self.block_size, self.pool_tokens)
+            starts = [s.start for s in chunk]
+            layout = StepLayout(starts, num_new, tables, self.block_size, self.pool_tokens, self.cpu_math)
             caches = [PagedLayerCache(self.storage, i, layout) for i in range(len(self.storage.shapes))]
-            logits = self.model(tokens, cache=caches, **model_inputs(self.model, chunk, tokens))
+            if num_new > 1 and self.head is not None:
+                hidden = self.model.model(tokens, cache=caches)
+                logits = self.head(hidden[:, -1:, :])
+            else:
+                logits = self.model(tokens, cache=caches, **model_inputs(self.model, chunk, tokens))
         # Launch each forward at once: the next one's scatter then finds the pools evaluated and
         # updates them in place, and the host goes on building while the device computes.
         to_eval = [logits] if chunk[0].needs_sample or num_new == 1 else []

@@ -65,10 +65,13 @@ class StepLayout:
         block_tables: list[list[int]],
         block_size: int,
         pool_tokens: int | None = None,
+        cpu_math: bool = False,
     ):
         """`pool_tokens` (tokens per head in a pool) where attention may read the pools in place
-        (engine/window_attention.py; the model's attention is hooked), None to always gather."""
+        (engine/window_attention.py; the model's attention is hooked), None to always gather.
+        `cpu_math`: attention's softmax runs as engine/cpu_math.py's (MLX's CPU backend)."""
         self.batch = len(offsets)
+        self.cpu_math = cpu_math
         self.num_new = num_new
         self.block_size = block_size
         self._offsets = offsets
@@ -148,6 +151,13 @@ class PagedLayerCache:
         return self.layout.offset
 
     @property
+    def cpu_attention(self) -> bool:
+        """True: the hooked attention over the context this cache returns runs engine/cpu_math.py's.
+        Prefill chunks only: a lone decode row keeps MLX's one-query kernel, which the batched window
+        attention matches bit for bit, so a row's tokens do not depend on its batch."""
+        return self.layout.cpu_math and self.layout.num_new > 1
+
+    @property
     def deferred(self) -> bool:
         """True when update_and_fetch hands back the pools: attention reads them in place."""
         return self.layout.windows is not None
@@ -167,7 +177,7 @@ class PagedLayerCache:
         layout = self.layout
         assert layout.windows is not None
         index = layout.window_index(k_pool.shape[0])
-        return window_attention(queries, k_pool, v_pool, layout.windows, index, scale)
+        return window_attention(queries, k_pool, v_pool, layout.windows, index, scale, layout.cpu_math)
 
     def gather(self, k_pool: mx.array, v_pool: mx.array) -> tuple[mx.array, mx.array, mx.array | str | None]:
         return self._context(k_pool), self._context(v_pool), self.layout.mask(None)

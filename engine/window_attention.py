@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine import cpu_math
+
 import mlx.core as mx
 import numpy as np
 
@@ -94,9 +96,10 @@ def window_attention(
     plan: WindowPlan,
     index: list[mx.array],
     scale: float,
+    cpu_softmax: bool = False,
 ) -> mx.array:
     """queries (B, NQ, 1, D); pools (KVH, num_blocks, BS, D), row-contiguous; `index` from
-    `plan.window_index`. Returns (B, NQ, 1, Dv)."""
+    `plan.window_index`; `cpu_softmax`: engine/cpu_math.py's softmax. Returns (B, NQ, 1, Dv)."""
     batch, num_q, _, dim = queries.shape
     num_kv, num_blocks, block_size, _ = k_pool.shape
     v_dim = v_pool.shape[-1]
@@ -110,7 +113,8 @@ def window_attention(
     scores = mx.concatenate(scores, axis=-1) if len(scores) > 1 else scores[0]
     scores = scores.reshape(batch, num_kv, num_q // num_kv, -1)
     scores = mx.where(plan.visible, scores, mx.array(-float("inf"), scores.dtype))
-    probs = mx.softmax(scores, axis=-1, precise=True).reshape(batch * num_kv, num_q // num_kv, -1)
+    probs = cpu_math.softmax(scores) if cpu_softmax else mx.softmax(scores, axis=-1, precise=True)
+    probs = probs.reshape(batch * num_kv, num_q // num_kv, -1)
     out, offset = None, 0
     for width, windows in zip(plan.widths, index):
         v_win = mx.as_strided(v_pool, (flat_tokens - width + 1, width, v_dim), (v_dim, v_dim, 1))
