@@ -27,6 +27,7 @@ import subprocess
 import time
 
 import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
+from engine import activation_hook
 from engine.blas import blas_state
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
@@ -97,7 +98,7 @@ def kv_usage(llm: LLMEngine) -> float:
 
 def batchgen_decode(model, batch: list[list[int]], max_tokens: int) -> dict:
     gen = BatchGenerator(model, max_tokens=max_tokens, stop_tokens=[], completion_batch_size=len(batch))
-    with gen.stats() as stats:
+    with activation_hook.stock(model), gen.stats() as stats:  # mlx-lm as shipped, not our CPU SwiGLU
         gen.insert(batch, [max_tokens] * len(batch))
         while gen.next_generated():
             pass
@@ -106,16 +107,30 @@ def batchgen_decode(model, batch: list[list[int]], max_tokens: int) -> dict:
     return {"tok_s": stats.generation_tps}
 
 
-def single_stream(llm: LLMEngine, ids: list[int], max_tokens: int) -> dict:
+def single_stream(llm: LLMEngine, ids: list[int], max_tokens: int, rounds: int) -> dict:
+    """The engine and mlx-lm's generate_step on one prompt, alternating `rounds` times; medians."""
     engine_decode(llm, [ids], WARMUP_TOKENS)
-    ours = engine_decode(llm, [ids], max_tokens)["tok_s"]
+    ours, theirs = [], []
+    for _ in range(rounds):
+        ours.append(engine_decode(llm, [ids], max_tokens)["tok_s"])
+        theirs.append(_generate_step_tok_s(llm, ids, max_tokens))
+    return {
+        "engine_tok_s": statistics.median(ours),
+        "mlx_lm_tok_s": statistics.median(theirs),
+        "engine_runs_tok_s": ours,
+        "mlx_lm_runs_tok_s": theirs,
+    }
+
+
+def _generate_step_tok_s(llm: LLMEngine, ids: list[int], max_tokens: int) -> float:
     t0, n = None, 0
-    for _token, _ in generate_step(mx.array(ids), llm.runner.model, max_tokens=max_tokens):
-        if t0 is None:
-            t0 = time.perf_counter()
-        else:
-            n += 1
-    return {"engine_tok_s": ours, "mlx_lm_tok_s": n / (time.perf_counter() - t0)}
+    with activation_hook.stock(llm.runner.model):  # mlx-lm as shipped, not our CPU SwiGLU
+        for _token, _ in generate_step(mx.array(ids), llm.runner.model, max_tokens=max_tokens):
+            if t0 is None:
+                t0 = time.perf_counter()
+            else:
+                n += 1
+    return n / (time.perf_counter() - t0)
 
 
 def prefix_ttft(llm: LLMEngine) -> dict:
@@ -244,7 +259,7 @@ def main() -> None:
         print(
             f"| {b} | {row['engine_tok_s']:.1f} | {row['batchgen_tok_s']:.1f} | {row['ratio']:.2f} | {row['kv_used_over_allocated']:.3f} |"
         )
-    single = single_stream(llm, prompts(llm, 1, 40)[0], args.max_tokens)
+    single = single_stream(llm, prompts(llm, 1, 40)[0], args.max_tokens, args.rounds)
     single["ratio"] = single["engine_tok_s"] / single["mlx_lm_tok_s"]
     results["single_stream"] = single
     print(

@@ -1,14 +1,17 @@
 """engine/cpu_math.py: exp from fused multiply-adds, and the softmax, SwiGLU and attention built on it,
 against MLX's own functions; plus the split of a model into backbone and last-token head."""
 
+import sys
+
 import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
-from engine import cpu_math
+from engine import activation_hook, cpu_math
 from engine.model_head import split_head
 
 import mlx.core as mx
 import numpy as np
 import pytest
 from mlx import nn
+from mlx_lm.models import activations
 
 
 def test_exp_is_accurate_to_float32_and_flushes_below_minus_43():
@@ -84,3 +87,11 @@ def test_split_head_only_where_backbone_then_head_is_the_whole_call():
     assert mx.array_equal(head(model.model(tokens)[:, -1:]), model(tokens)[:, -1:])
     assert split_head(_TinyLM(scale_logits=True)) is None  # the probe sees the call differ
     assert split_head(nn.Linear(2, 2)) is None  # no backbone
+
+
+def test_the_engine_swaps_mlx_lms_swiglu_and_stock_restores_it_for_a_while(llm):
+    module = sys.modules[type(llm.runner.model.layers[0].mlp).__module__]
+    assert llm.runner.cpu_math and module.swiglu is cpu_math.swiglu
+    with activation_hook.stock(llm.runner.model):
+        assert module.swiglu is activations.swiglu
+    assert module.swiglu is cpu_math.swiglu
