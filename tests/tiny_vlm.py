@@ -229,6 +229,23 @@ def _save_weights(out: Path, build_model, seed: int) -> None:
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
 
 
+def small_engine_config(model_dir: str) -> EngineConfig:
+    """Small blocks and token budget: a prompt's image tokens span several blocks and prefill chunks."""
+    return EngineConfig(
+        model=model_dir, kv_cache_memory_bytes=8 << 20, block_size=4, max_num_batched_tokens=8
+    )
+
+
+def image_prompt(processor, text: str, images: list[bytes]):
+    """A user turn with `images` then `text`, rendered by the model's template and processed:
+    (prompt ids with image tokens expanded, ImageInputs)."""
+    content = [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]
+    rendered = processor.processor.tokenizer.apply_chat_template(
+        [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+    )
+    return processor.process(rendered, images, max_pixels=10**7)
+
+
 def png_bytes(seed: int, size: tuple[int, int] = (48, 40)) -> bytes:
     """A random RGB picture as PNG bytes; different seeds give different pictures."""
     pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)

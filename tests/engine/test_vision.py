@@ -3,7 +3,6 @@ real processor. Images are decoded, processed, embedded; generation equals mlx-v
 batch with text requests; blocks are freed; the prefix cache tells images apart."""
 
 import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
-from engine.config import EngineConfig
 from engine.errors import InvalidRequestError
 from engine.image_processor import ImagePreprocessor
 from engine.llm_engine import LLMEngine
@@ -17,7 +16,7 @@ import pytest
 from mlx_vlm.models.cache import KVCache
 
 from tests.engine.engine_helpers import run_to_completion, token_ids
-from tests.tiny_vlm import IMAGE_SEQ_LEN, build_tiny_vlm, png_bytes
+from tests.tiny_vlm import IMAGE_SEQ_LEN, build_tiny_vlm, image_prompt, png_bytes, small_engine_config
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
@@ -29,24 +28,12 @@ def vlm_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def vlm(vlm_dir) -> LLMEngine:
-    # Small blocks and budget: a prompt's image tokens span several blocks and prefill chunks.
-    config = EngineConfig(
-        model=vlm_dir, kv_cache_memory_bytes=8 << 20, block_size=4, max_num_batched_tokens=8
-    )
-    return LLMEngine(config)
+    return LLMEngine(small_engine_config(vlm_dir))
 
 
 @pytest.fixture(scope="module")
 def processor(vlm_dir) -> ImagePreprocessor:
     return ImagePreprocessor.load(vlm_dir)
-
-
-def _prompt(processor: ImagePreprocessor, text: str, images: list[bytes]) -> tuple[list[int], ImageInputs]:
-    content = [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]
-    rendered = processor.processor.tokenizer.apply_chat_template(
-        [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
-    )
-    return processor.process(rendered, images, max_pixels=10**7)
 
 
 def _reference_greedy(llm: LLMEngine, ids: list[int], images: ImageInputs, max_tokens: int) -> list[int]:
@@ -63,7 +50,7 @@ def _reference_greedy(llm: LLMEngine, ids: list[int], images: ImageInputs, max_t
 
 
 def test_image_is_decoded_processed_and_expanded(processor):
-    ids, images = _prompt(processor, "What is this?", [png_bytes(1), png_bytes(2, (20, 90))])
+    ids, images = image_prompt(processor, "What is this?", [png_bytes(1), png_bytes(2, (20, 90))])
     image_token_id = processor.processor.image_token_id
     assert ids.count(image_token_id) == 2 * IMAGE_SEQ_LEN
     assert images.pixel_values.shape == (1, 2, 3, 32, 32) and images.pixel_values.dtype == np.float32
@@ -72,13 +59,13 @@ def test_image_is_decoded_processed_and_expanded(processor):
 
 def test_bytes_that_are_no_image_and_huge_images_are_refused(processor):
     with pytest.raises(InvalidRequestError, match="image 1 could not be decoded"):
-        _prompt(processor, "hi", [b"GIF89a but not really"])
+        image_prompt(processor, "hi", [b"GIF89a but not really"])
     with pytest.raises(InvalidRequestError, match="above the limit"):
         processor.process("<image>", [png_bytes(1, (300, 300))], max_pixels=300 * 299)
 
 
 def test_generation_equals_mlx_vlm_reference(vlm, processor):
-    ids, images = _prompt(processor, "Describe the picture.", [png_bytes(3)])
+    ids, images = image_prompt(processor, "Describe the picture.", [png_bytes(3)])
     outputs = run_to_completion(vlm, {0: [GenerateRequest("ref", ids, GREEDY, images)]})["ref"]
     assert token_ids(outputs) == _reference_greedy(vlm, ids, images, 8)
     assert outputs[-1].finish_reason == "length"
@@ -86,7 +73,7 @@ def test_generation_equals_mlx_vlm_reference(vlm, processor):
 
 
 def test_image_request_batches_with_a_text_request_in_one_step(vlm, processor):
-    ids, images = _prompt(processor, "Look.", [png_bytes(4)])
+    ids, images = image_prompt(processor, "Look.", [png_bytes(4)])
     text_ids = vlm.tokenizer.encode("Plain text, no picture at all.")
     alone = {
         "img": run_to_completion(vlm, {0: [GenerateRequest("img", ids, GREEDY, images)]})["img"],
@@ -113,8 +100,8 @@ def _progress(llm: LLMEngine) -> dict[str, int]:
 
 
 def test_same_image_shares_prefix_blocks_and_another_image_does_not(vlm, processor):
-    ids_a, images_a = _prompt(processor, "Which colour dominates here?", [png_bytes(10)])
-    ids_b, images_b = _prompt(processor, "Which colour dominates here?", [png_bytes(11)])
+    ids_a, images_a = image_prompt(processor, "Which colour dominates here?", [png_bytes(10)])
+    ids_b, images_b = image_prompt(processor, "Which colour dominates here?", [png_bytes(11)])
     assert ids_a == ids_b  # the same token ids: only the pixels differ
     first = run_to_completion(vlm, {0: [GenerateRequest("a1", ids_a, GREEDY, images_a)]})["a1"]
     again = run_to_completion(vlm, {0: [GenerateRequest("a2", ids_a, GREEDY, images_a)]})["a2"]

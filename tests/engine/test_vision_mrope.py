@@ -3,7 +3,6 @@
 token is shifted; the engine's chunked, batched prefill and decode must place them as mlx-vlm does."""
 
 import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
-from engine.config import EngineConfig
 from engine.image_processor import ImagePreprocessor
 from engine.llm_engine import LLMEngine
 from engine.messages import GenerateRequest, ImageInputs, RequestOutput, SamplingParams
@@ -15,7 +14,7 @@ import pytest
 from mlx_vlm.models.cache import KVCache
 
 from tests.engine.engine_helpers import run_to_completion, token_ids
-from tests.tiny_vlm import build_tiny_qwen2_vl, png_bytes
+from tests.tiny_vlm import build_tiny_qwen2_vl, image_prompt, png_bytes, small_engine_config
 
 NUM_TOKENS = 8
 GREEDY = SamplingParams(max_tokens=NUM_TOKENS, temperature=0.0, ignore_eos=True, logprobs=0)
@@ -30,24 +29,12 @@ def qwen_dir(request, tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def qwen(qwen_dir) -> LLMEngine:
-    # Small blocks and budget: a prompt's image tokens span several blocks and prefill chunks.
-    config = EngineConfig(
-        model=qwen_dir, kv_cache_memory_bytes=8 << 20, block_size=4, max_num_batched_tokens=8
-    )
-    return LLMEngine(config)
+    return LLMEngine(small_engine_config(qwen_dir))
 
 
 @pytest.fixture(scope="module")
 def processor(qwen_dir) -> ImagePreprocessor:
     return ImagePreprocessor.load(qwen_dir)
-
-
-def _prompt(processor: ImagePreprocessor, text: str, images: list[bytes]) -> tuple[list[int], ImageInputs]:
-    content = [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]
-    rendered = processor.processor.tokenizer.apply_chat_template(
-        [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
-    )
-    return processor.process(rendered, images, max_pixels=10**7)
 
 
 def _reference(llm: LLMEngine, ids: list[int], images: ImageInputs, one_d: bool = False) -> list[float]:
@@ -80,14 +67,14 @@ def _logprobs(outputs: list[RequestOutput]) -> list[float]:
 
 
 def test_images_expand_to_their_merged_grid(processor):
-    ids, images = _prompt(processor, "What is this?", [png_bytes(1, (90, 40)), png_bytes(2, (56, 56))])
+    ids, images = image_prompt(processor, "What is this?", [png_bytes(1, (90, 40)), png_bytes(2, (56, 56))])
     grid = images.extras["image_grid_thw"]
     assert grid.tolist() == [[1, 4, 6], [1, 4, 4]]  # 90x40 -> 84x56 pixels (w x h); 56x56 stays
     assert ids.count(processor.processor.image_token_id) == 6 + 4  # one token per 2x2 patches
 
 
 def test_generation_equals_mlx_vlm_with_chunked_prefill(qwen, processor):
-    ids, images = _prompt(
+    ids, images = image_prompt(
         processor, "Describe both pictures.", [png_bytes(3, (90, 40)), png_bytes(4, (40, 90))]
     )
     assert len(ids) > 3 * qwen.config.max_num_batched_tokens  # the prefill runs in chunks
@@ -100,8 +87,8 @@ def test_generation_equals_mlx_vlm_with_chunked_prefill(qwen, processor):
 
 
 def test_image_requests_batch_with_text_and_each_other(qwen, processor):
-    first = _prompt(processor, "Look.", [png_bytes(5, (90, 40))])
-    second = _prompt(processor, "And this one, in more words?", [png_bytes(6)])
+    first = image_prompt(processor, "Look.", [png_bytes(5, (90, 40))])
+    second = image_prompt(processor, "And this one, in more words?", [png_bytes(6)])
     text_ids = qwen.tokenizer.encode("Plain text, no picture at all.")
     requests = [
         GenerateRequest("img-a", *first[:1], GREEDY, first[1]),
