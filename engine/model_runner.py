@@ -102,7 +102,8 @@ class ModelRunner:
             attention_hook.install(model)
             activation_hook.install(model)
         # A prefill chunk needs logits for its last token only (engine/model_head.py); None: the
-        # model's own call computes them for every token.
+        # model's own call computes them for every token. None for VLMs too (no `model` backbone),
+        # whose prefill needs the extra inputs of `model_inputs`.
         self.head = split_head(model)
 
     def execute(self, plan: SchedulerPlan, pending: DeviceTokens | None = None) -> StepLogits:

@@ -153,8 +153,8 @@ class PagedLayerCache:
     @property
     def cpu_attention(self) -> bool:
         """True: the hooked attention over the context this cache returns runs engine/cpu_math.py's.
-        Prefill chunks only: a lone decode row keeps MLX's one-query kernel, which the batched window
-        attention matches bit for bit, so a row's tokens do not depend on its batch."""
+        Prefill chunks only, where softmax covers L x S scores; a lone decode row (one query, and
+        batched decode goes through window attention instead) keeps MLX's one-query kernel."""
         return self.layout.cpu_math and self.layout.num_new > 1
 
     @property
