@@ -25,6 +25,7 @@ pytestmark = pytest.mark.e2e
 APP = "e2e"
 READ_TIMEOUT_S = 90  # far above any gap between two chunks; a hung stream trips it
 RECOVERY_DEADLINE_S = 300  # a new Scheduler replica loads the model on a busy 2-core box
+MAX_STREAMS = 16  # 4 waves of 4 long streams at most
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
 
 
@@ -71,17 +72,28 @@ def _running_per_replica(http: httpx.Client) -> list[int]:
 
 
 async def _streams_with_kill(base_url: str, http: httpx.Client, victim: int) -> tuple[list[str], float]:
+    """Opens long streams, 4 at a time, until both Scheduler replicas decode some, then kills `victim`.
+
+    Ray Serve's router may send a burst to one replica; another wave then lands on the idle one."""
     timeout = httpx.Timeout(connect=10, read=READ_TIMEOUT_S, write=10, pool=10)
     async with httpx.AsyncClient(base_url=base_url, timeout=timeout, trust_env=False) as client:
-        bodies = [long_chat(f"Fault test {i}: count slowly from one to a thousand.", 300) for i in range(8)]
-        tasks = [asyncio.ensure_future(stream_outcome(client, body)) for body in bodies]
+        tasks: list[asyncio.Future] = []
+        running: list[int] = []
         deadline = time.monotonic() + 120
+        next_wave_s = time.monotonic()
         # Kill only once both replicas are decoding streams, so that the kill hits some, spares others.
-        while time.monotonic() < deadline:
-            running = await asyncio.to_thread(_running_per_replica, http)
-            if len(running) == 2 and min(running) > 0 and sum(running) == len(bodies):
-                break
+        while not (len(running) == 2 and min(running) > 0):
+            if time.monotonic() > deadline:
+                for task in tasks:
+                    task.cancel()
+                pytest.fail(f"both Scheduler replicas never ran streams at once: {running} for {len(tasks)}")
+            if time.monotonic() >= next_wave_s and len(tasks) < MAX_STREAMS:
+                for _ in range(4):
+                    body = long_chat(f"Fault test {len(tasks)}: count slowly from one to a thousand.", 300)
+                    tasks.append(asyncio.ensure_future(stream_outcome(client, body)))
+                next_wave_s = time.monotonic() + 5
             await asyncio.sleep(0.5)
+            running = await asyncio.to_thread(_running_per_replica, http)
         _kill(victim)
         killed_s = time.monotonic()
         return await asyncio.gather(*tasks), killed_s
