@@ -21,6 +21,7 @@ _LN2_HI = 0.693145751953125  # ln 2 split so that k * _LN2_HI is exact in float3
 _LN2_LO = 1.428606765330187e-06
 _FLUSH = -43.0  # exp(-43) < 2^-62: below it the result is 0
 _ONE = mx.array(1, dtype=mx.int64)
+_QUERY_BLOCK = 64  # causal attention's query rows per block (see `attention`)
 
 
 def _exp_nonpositive(x: mx.array) -> mx.array:
@@ -71,6 +72,28 @@ def attention(
     """Attention of L queries over S keys, as mlx-lm calls it: queries (B, Hq, L, D), keys and values
     (B, Hkv, S, D) with Hq a multiple of Hkv; `mask` "causal" (query i sees keys up to S - L + i), a
     boolean or additive array broadcastable to (B, Hq, L, S), or None. Returns (B, Hq, L, Dv)."""
+    length = queries.shape[2]
+    if isinstance(mask, str) and length > _QUERY_BLOCK:
+        # Causal: query block [a, b) sees keys up to S - L + b only, so the scores right of that
+        # (masked anyway) are never computed: 56% of the work for a fresh 512-token prompt.
+        offset = keys.shape[2] - length
+        blocks = [
+            _attention(
+                queries[:, :, a : a + _QUERY_BLOCK],
+                keys[:, :, : offset + a + _QUERY_BLOCK],
+                values[:, :, : offset + a + _QUERY_BLOCK],
+                scale,
+                mask,
+            )
+            for a in range(0, length, _QUERY_BLOCK)
+        ]
+        return mx.concatenate(blocks, axis=2)
+    return _attention(queries, keys, values, scale, mask)
+
+
+def _attention(
+    queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask: mx.array | str | None
+) -> mx.array:
     batch, num_q, length, dim = queries.shape
     num_kv, num_keys = keys.shape[1], keys.shape[2]
     group = num_q // num_kv

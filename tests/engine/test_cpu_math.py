@@ -51,7 +51,8 @@ def test_swiglu_equals_silu_times_x(shape):
     assert mx.allclose(cpu_math.swiglu(transposed, transposed), nn.silu(transposed) * transposed, atol=2e-6)
 
 
-@pytest.mark.parametrize(("length", "num_keys"), [(1, 1), (1, 40), (16, 16), (5, 37)])
+# 150 queries run as causal blocks of 64 (the last one partial), over a fresh prompt and after 57 cached tokens.
+@pytest.mark.parametrize(("length", "num_keys"), [(1, 1), (1, 40), (16, 16), (5, 37), (150, 150), (150, 207)])
 def test_attention_equals_mlx_for_causal_boolean_additive_and_no_mask(length, num_keys):
     key = mx.random.key(5)
     q = mx.random.normal((2, 9, length, 64), key=key)
