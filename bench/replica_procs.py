@@ -1,4 +1,4 @@
-"""Finds the processes of a running app's Ray Serve replicas on this machine, and their memory.
+"""Finds the processes of a running app's Ray Serve replicas on this machine, their memory and CPU time.
 
 Ray names each replica's worker process after its actor class, `ray::ServeReplica:<app>:<deployment>`
 (a method call in progress appends `.<method>()`), so /proc/<pid>/cmdline tells which process is which
@@ -7,6 +7,7 @@ replica without Ray's state API (which needs the dashboard). Reads /proc only; s
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 PAGE_KIB = 4
@@ -29,6 +30,14 @@ def rss_mib(pid: int) -> float | None:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return None
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User plus system CPU time `pid` has used, in seconds, or None if it is gone."""
+    fields = _read(Path(f"/proc/{pid}/stat")).rsplit(")", 1)[-1].split()
+    if len(fields) <= 12:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _read(path: Path) -> str:

@@ -66,4 +66,8 @@ def _tune() -> AllocatorState:
     if refused:
         logger.warning("mallopt refused parameters %s; large MLX buffers may be re-faulted", refused)
         return AllocatorState(False, f"mallopt refused {refused}")
-    return AllocatorState(True, "mmap threshold 32 MiB, trim threshold 1 GiB, top pad 64 MiB")
+    return AllocatorState(
+        True,
+        f"mmap threshold {_MMAP_THRESHOLD_BYTES >> 20} MiB, trim threshold {_KEEP_BYTES >> 20} MiB, "
+        f"top pad {_TOP_PAD_BYTES >> 20} MiB",
+    )

@@ -13,12 +13,11 @@ import os
 import signal
 import time
 from collections import Counter
-from pathlib import Path
 
 import httpx
 import pytest
 
-from bench.replica_procs import replica_pids
+from bench.replica_procs import cpu_seconds, replica_pids
 from tests.e2e.stream_client import MODEL, long_chat, stream_outcome
 
 pytestmark = pytest.mark.e2e
@@ -72,19 +71,11 @@ def _running_per_replica(http: httpx.Client) -> list[int]:
     return [r["num_running"] for r in status["replicas"]] if status else []
 
 
-def _cpu_s(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def _busiest(pids: list[int]) -> int:
     """The replica process that used the most CPU over the next second: one that is decoding."""
-    before = {pid: _cpu_s(pid) for pid in pids}
+    before = {pid: cpu_seconds(pid) or 0.0 for pid in pids}
     await asyncio.sleep(1)
-    return max(pids, key=lambda pid: _cpu_s(pid) - before[pid])
+    return max(pids, key=lambda pid: (cpu_seconds(pid) or 0.0) - before[pid])
 
 
 async def _streams_with_kill(

@@ -1,6 +1,6 @@
 """engine/allocator.py: glibc keeps MLX's freed CPU buffers mapped, so a step's activations reuse
 pages instead of faulting them in again (with MLX_RAY_SERVE_MALLOC=default this prefill faulted
-tens of thousands of pages)."""
+1.44 M pages)."""
 
 import resource
 import sys
