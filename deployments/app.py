@@ -91,6 +91,14 @@ class AppConfig(_Strict):
     stream_interval_s: float = Field(
         0.02, ge=0, le=1, description="Least time between two batches of one stream; 0: a batch per step."
     )
+    max_stream_batches_per_s: float | None = Field(
+        25.0,
+        gt=0,
+        description="Batches per second one Scheduler replica sends over all its open streams: past "
+        "max_stream_batches_per_s * stream_interval_s streams, each stream's interval grows to "
+        "open streams / this, at most 1 s (more tokens per batch, less CPU taken from the step). "
+        "None: no cap.",
+    )
     scheduler: SchedulerOptions = Field(default_factory=SchedulerOptions)
     tokenizer: DeploymentOptions = Field(default_factory=DeploymentOptions)
     embedder: EmbedderOptions = Field(default_factory=EmbedderOptions)
@@ -146,7 +154,7 @@ def build_app(args: dict[str, Any]) -> Application:
     config = AppConfig.model_validate(args or {})
     engine_args = config.engine.model_dump()
     scheduler = Scheduler.options(**config.scheduler.actor_options()).bind(
-        engine_args, config.stream_interval_s
+        engine_args, config.stream_interval_s, config.max_stream_batches_per_s
     )
     tokenizer = Tokenizer.options(**config.tokenizer.actor_options()).bind(engine_args)
     embedder = None

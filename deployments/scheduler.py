@@ -29,13 +29,18 @@ METRICS_EXPORT_INTERVAL_S = 5.0  # Ray's metrics agent reports every few seconds
 
 @serve.deployment
 class Scheduler:
-    def __init__(self, engine_config: dict[str, Any], stream_interval_s: float):
+    def __init__(
+        self,
+        engine_config: dict[str, Any],
+        stream_interval_s: float,
+        max_stream_batches_per_s: float | None = None,
+    ):
         # Imported here, not at the top: only this replica's process needs MLX and the model code.
         from engine.llm_engine import LLMEngine
 
         config = EngineConfig.model_validate(engine_config)
         self._engine = LLMEngine(config)
-        self._loop = StepLoop(self._engine, stream_interval_s)
+        self._loop = StepLoop(self._engine, stream_interval_s, max_stream_batches_per_s)
         self._replica_id = serve.get_replica_context().replica_id.unique_id
         model_name = config.served_model_name or self._engine.model_name
         self._ray_metrics = RayMetricsExporter(model_name, self._replica_id)

@@ -19,6 +19,7 @@ from engine.messages import EngineStats, GenerateRequest, RequestOutput
 logger = logging.getLogger(__name__)
 
 STEP_FAILURE_BACKOFF_S = 0.5  # a step that raises is retried after this, not in a hot loop
+MAX_STRETCHED_INTERVAL_S = 1.0  # the cap stretches no interval past this: a longer gap reads as a stall
 
 
 class SteppableEngine(Protocol):
@@ -30,9 +31,15 @@ class SteppableEngine(Protocol):
 
 
 class StepLoop:
-    def __init__(self, engine: SteppableEngine | Any, stream_interval_s: float):
+    def __init__(
+        self,
+        engine: SteppableEngine | Any,
+        stream_interval_s: float,
+        max_stream_batches_per_s: float | None = None,
+    ):
         self._engine = engine
         self._stream_interval_s = stream_interval_s
+        self._max_stream_batches_per_s = max_stream_batches_per_s
         # engine.step blocks in mx.eval: it runs off the event loop, in this one thread, never twice at once.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-step")
         self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
@@ -77,14 +84,31 @@ class StepLoop:
         self, queue: asyncio.Queue[RequestOutput], last_yield_s: float
     ) -> list[RequestOutput]:
         """Everything queued for one request. Batches go out at most once per stream interval: when
-        steps are faster than that, several steps coalesce; when slower, each step is one batch."""
+        steps are faster than that, several steps coalesce; when slower, each step is one batch.
+        A finished output goes out at once: the interval never delays a stream's end."""
         batch = [await queue.get()]
-        delay_s = self._stream_interval_s - (time.monotonic() - last_yield_s)
-        if not batch[0].finished and delay_s > 0:
-            await asyncio.sleep(delay_s)
-        while not queue.empty() and not batch[-1].finished:
-            batch.append(queue.get_nowait())
+        deadline_s = last_yield_s + self.stream_interval_s()
+        while not batch[-1].finished:
+            if not queue.empty():
+                batch.append(queue.get_nowait())
+                continue
+            remaining_s = deadline_s - time.monotonic()
+            if remaining_s <= 0:
+                break
+            try:
+                batch.append(await asyncio.wait_for(queue.get(), remaining_s))
+            except TimeoutError:
+                break
         return batch
+
+    def stream_interval_s(self) -> float:
+        """The configured interval, stretched so that all open streams together send at most
+        max_stream_batches_per_s batches: each batch costs the replica and the Ingress about a
+        millisecond of CPU, taken from the step while 16 or more streams are open."""
+        if self._max_stream_batches_per_s is None:
+            return self._stream_interval_s
+        shared_s = min(len(self._queues) / self._max_stream_batches_per_s, MAX_STRETCHED_INTERVAL_S)
+        return max(self._stream_interval_s, shared_s)
 
     async def stats(self) -> EngineStats:
         # Through the step thread: a snapshot is never taken halfway through a step.

@@ -51,6 +51,13 @@ def test_a_waiting_bound_that_ray_serve_would_hide_is_refused():
     assert AppConfig.model_validate(args).engine.max_waiting_requests == 64
 
 
+def test_the_stream_batch_rate_is_positive_or_off():
+    assert AppConfig().max_stream_batches_per_s == 25
+    assert AppConfig.model_validate({"max_stream_batches_per_s": None}).max_stream_batches_per_s is None
+    with pytest.raises(ValidationError, match="max_stream_batches_per_s"):
+        AppConfig.model_validate({"max_stream_batches_per_s": 0})
+
+
 def test_unknown_keys_are_refused():
     with pytest.raises(ValidationError, match="schedular"):
         AppConfig.model_validate({"schedular": {}})

@@ -11,7 +11,7 @@ from engine.messages import EngineStats, GenerateRequest, RequestOutput, Samplin
 
 import pytest
 
-from deployments.step_loop import StepLoop
+from deployments.step_loop import MAX_STRETCHED_INTERVAL_S, StepLoop
 
 
 class FakeEngine:
@@ -91,6 +91,34 @@ def test_fast_steps_coalesce_into_few_batches():
     items = run(collect(StepLoop(engine, 0.05), request("a", 40)))
     assert sum(len(batch) for batch in items) == 40
     assert len(items) < 20  # ~80 ms of steps at one batch per 50 ms, not 40 actor messages
+
+
+def test_many_open_streams_share_a_batch_rate_and_keep_every_token():
+    async def batches_per_stream(max_batches_per_s: float | None) -> list[list]:
+        loop = StepLoop(FakeEngine(step_s=0.01), 0.0, max_batches_per_s)
+        return await asyncio.gather(*(collect(loop, request(f"r{i}", 30)) for i in range(8)))
+
+    capped, uncapped = run(batches_per_stream(40.0)), run(batches_per_stream(None))
+    for items in capped:  # 8 streams at 40 batches/s: one batch per stream per 0.2 s
+        assert [o.new_token_ids[0] for batch in items for o in batch] == list(range(30, 0, -1))
+        assert len(items[0]) == 1  # the first token is not held back
+    assert sum(map(len, capped)) * 3 < sum(map(len, uncapped))  # ~30 per stream uncapped
+
+
+def test_a_long_interval_never_holds_back_the_end_of_a_stream():
+    start_s = time.monotonic()
+    items = run(collect(StepLoop(FakeEngine(step_s=0.01), 5.0), request("a", 3)))
+    assert [len(batch) for batch in items] == [1, 2]  # the first token alone, then the rest with the finish
+    assert time.monotonic() - start_s < 2.5  # not the 5 s interval
+
+
+def test_the_batch_rate_stretches_the_interval_only_past_it():
+    loop = StepLoop(FakeEngine(), 0.05, 100.0)
+    assert loop.stream_interval_s() == 0.05
+    loop._queues |= {f"r{i}": asyncio.Queue() for i in range(20)}
+    assert loop.stream_interval_s() == pytest.approx(0.2)
+    loop._queues |= {f"s{i}": asyncio.Queue() for i in range(500)}
+    assert loop.stream_interval_s() == MAX_STRETCHED_INTERVAL_S  # not 5.2 s
 
 
 def test_concurrent_requests_get_only_their_own_outputs():
