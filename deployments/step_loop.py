@@ -103,8 +103,8 @@ class StepLoop:
 
     def stream_interval_s(self) -> float:
         """The configured interval, stretched so that all open streams together send at most
-        max_stream_batches_per_s batches: each batch costs the replica and the Ingress about a
-        millisecond of CPU, taken from the step while 16 or more streams are open."""
+        max_stream_batches_per_s batches, but never past MAX_STRETCHED_INTERVAL_S: each batch costs
+        the replica and the Ingress about a millisecond of CPU, taken from the step."""
         if self._max_stream_batches_per_s is None:
             return self._stream_interval_s
         shared_s = min(len(self._queues) / self._max_stream_batches_per_s, MAX_STRETCHED_INTERVAL_S)
