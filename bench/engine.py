@@ -2,12 +2,15 @@
 
     python bench/engine.py [--out bench/results/engine.json] [--max-tokens 64] [--rounds 3]
     python bench/engine.py --attention-ab --out bench/results/engine_attention.json
+    python bench/engine.py --steady-state 12 --out bench/results/engine_steady.json
 
 Rows: aggregate decode tokens/s at 1, 8, 32 sequences vs mlx-lm's BatchGenerator (same prompts,
 same weights, EOS ignored); single-stream decode vs mlx_lm's generate_step; KV memory used by live
 tokens vs allocated; sequences that fit a fixed KV budget vs mlx-lm's contiguous batch cache; TTFT
 of a request sharing a 1,000-token prefix vs cold; matmul GFLOP/s and decode with reference BLAS
 vs OpenBLAS (a subprocess each, since BLAS is chosen when the process loads MLX).
+`--steady-state N`: N waves of 16 fresh requests through one engine until its prefix cache fills
+the pool, with the share of batched decode steps whose attention reads K/V in place per wave.
 """
 
 from __future__ import annotations
@@ -206,6 +209,47 @@ def attention_ab(llm: LLMEngine, max_tokens: int, rounds: int) -> list[dict]:
     return rows
 
 
+def steady_state(llm: LLMEngine, waves: int) -> list[dict]:
+    """Waves of 16 requests (~200-token prompts, 128 tokens, a new one as each ends) through one
+    engine: once finished requests' cached prefixes fill the pool, new requests get blocks among
+    them, and batched decode reads K/V in place only while each row's blocks stay in a few runs."""
+    from engine import paged_attention
+
+    plans: list[bool] = []
+    plan_windows = paged_attention.plan_windows
+
+    def counted(*args, **kwargs):
+        plan = plan_windows(*args, **kwargs)
+        plans.append(plan is not None)
+        return plan
+
+    paged_attention.plan_windows = counted
+    params = SamplingParams(max_tokens=128, temperature=0.0, ignore_eos=True)
+    rows = []
+    print("| wave | tok/s | decode steps reading in place | blocks cached |\n|---|---|---|---|")
+    try:
+        for wave in range(waves):
+            plans.clear()
+            batch = [llm.tokenizer.encode(f"wave {wave}: ") + ids for ids in prompts(llm, 16, 180)]
+            start = time.perf_counter()
+            for i, ids in enumerate(batch):
+                llm.add_request(GenerateRequest(f"steady-{wave}-{i}", ids, params))
+            num_tokens = 0
+            while llm.has_unfinished_requests():
+                num_tokens += sum(len(o.new_token_ids) for o in llm.step())
+            row = {
+                "wave": wave,
+                "tok_s": num_tokens / (time.perf_counter() - start),
+                "in_place_share": sum(plans) / len(plans) if plans else None,
+                "blocks_cached": llm.pool.num_cached,
+            }
+            rows.append(row)
+            print(f"| {wave} | {row['tok_s']:.1f} | {row['in_place_share']:.2f} | {row['blocks_cached']} |", flush=True)
+    finally:
+        paged_attention.plan_windows = plan_windows
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/results/engine.json")
@@ -215,8 +259,16 @@ def main() -> None:
     ap.add_argument(
         "--attention-ab", action="store_true", help="only compare in-place and gathered attention"
     )
+    ap.add_argument("--steady-state", type=int, default=0, metavar="WAVES", help="only the steady-state waves")
     args = ap.parse_args()
     llm = LLMEngine(EngineConfig(kv_cache_memory_bytes=1 << 30, max_num_seqs=64, max_num_batched_tokens=512))
+    if args.steady_state:
+        rows = steady_state(llm, args.steady_state)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(
+            json.dumps({"machine": f"{platform.machine()} {os.cpu_count()} cores", "waves": rows}, indent=2)
+        )
+        return
     if args.attention_ab:
         rows = attention_ab(llm, args.max_tokens, args.rounds)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

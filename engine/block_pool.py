@@ -10,10 +10,12 @@ Placement keeps a request's blocks in runs of consecutive ids where it can, so t
 attention reads each run in place (engine/window_attention.py), without evicting a cached prefix
 the free queue would have kept:
 
-    growth     the blocks right after the request's last one, as many as hold no cached prefix
+    growth     the blocks right after the request's last one, as many as hold no cached prefix,
+               else as many as are free and hold none or one in the older half of the eviction order
     new run    in the longest span of free blocks that hold no cached prefix, else of those and the
                cached ones in the older half of the eviction order: at the span's start when nothing
-               before it can grow into it (pool start, free or cached block), else in its middle
+               before it can grow into it (pool start, free or cached block), else where the run has
+               room to reach its expected size and the request before it keeps half the rest
     otherwise  the free queue's order, as ever
 """
 
@@ -57,15 +59,24 @@ class BlockPool:
     def is_free(self, block_id: int) -> bool:
         return block_id in self._free
 
-    def allocate(self, num: int, after: int | None = None) -> list[int]:
-        """`num` blocks, continuing the run that ends at block `after` where possible."""
+    def allocate(self, num: int, after: int | None = None, want: int | None = None) -> list[int]:
+        """`num` blocks, continuing the run that ends at block `after` where possible. `want`: the
+        blocks the run is expected to reach (its request's prompt and max_tokens), so that a new run
+        starts where it has room to grow that far."""
         assert num <= len(self._free), "caller must check num_free first"
         plain = self._is_free & ~self._is_cached
         block_ids = self._grow(after, num, plain) if after is not None else []
+        old = None
+        if after is not None and len(block_ids) < num:
+            old = self._old_cached()
+            block_ids = self._grow(after, num, plain | old)
         if len(block_ids) < num:
             plain[block_ids] = False
             rest = num - len(block_ids)
-            block_ids += self._place(rest, plain) or self._place(rest, plain | self._old_cached())
+            old = self._old_cached() if old is None else old
+            old[block_ids] = False
+            room = max(rest, (want or num) - len(block_ids))
+            block_ids += self._place(rest, room, plain) or self._place(rest, room, plain | old)
         for block_id in block_ids:
             del self._free[block_id]
         while len(block_ids) < num:
@@ -89,7 +100,7 @@ class BlockPool:
         count = len(ahead) if ahead.all() else int(np.argmin(ahead))
         return list(range(after + 1, after + 1 + count))
 
-    def _place(self, num: int, usable: np.ndarray) -> list[int]:
+    def _place(self, num: int, room: int, usable: np.ndarray) -> list[int]:
         edges = np.diff(np.concatenate(([0], usable.view(np.int8), [0])))
         starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
         if not len(starts):
@@ -99,7 +110,9 @@ class BlockPool:
         if end - first < num:
             return []
         if first > 0 and self._ref_cnt[first - 1] > 0:  # a live request may grow into the span
-            first += (end - first - num) // 2
+            # Room for this run to reach `room` blocks, the rest split with the request before it.
+            slack = end - first - room if end - first >= room else end - first - num
+            first += slack // 2
         return list(range(first, first + num))
 
     def touch(self, block_ids: list[int]) -> None:

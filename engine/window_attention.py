@@ -71,7 +71,9 @@ def plan_windows(
         for first, count in runs(table):
             spans.append((first * block_size, min(count * block_size, left)))
             left -= spans[-1][1]
-        segments.append(spans)
+        # Longest first: a slot is as wide as its longest segment, and rows whose context breaks at
+        # different places then still share narrow slots (attention does not depend on key order).
+        segments.append(sorted((s for s in spans if s[1] > 0), key=lambda s: -s[1]))
     num_slots = max(len(spans) for spans in segments)
     widths = [max(spans[s][1] for spans in segments if s < len(spans)) for s in range(num_slots)]
     context = max(len(t) for t in tables) * block_size

@@ -83,3 +83,21 @@ def test_placement_keeps_recently_freed_cached_blocks():
     pool.free(recent)
     run = pool.allocate(2)
     assert set(run) <= set(old) and all(pool.lookup(100 + 3 + i) == b for i, b in enumerate(recent))
+
+
+def test_growth_continues_into_cached_blocks_freed_long_ago_but_keeps_recent_ones():
+    pool = BlockPool(8)
+    for block in pool.allocate(8):
+        pool.cache(block, 100 + block)
+    pool.free([3, 2])  # freed first: the older half of the eviction order
+    pool.free([7, 6])
+    assert pool.allocate(2, after=1) == [2, 3]
+    assert pool.allocate(1, after=5) == [7]  # block 6 was freed last: its prefix stays cached
+    assert pool.lookup(106) == 6
+
+
+def test_a_new_run_after_a_live_request_leaves_itself_room_to_reach_its_expected_size():
+    pool = BlockPool(40)
+    assert pool.allocate(4) == [0, 1, 2, 3]
+    # The span after the live request is 36 blocks: 30 for the new run, the other 6 split evenly.
+    assert pool.allocate(4, want=30) == list(range(7, 11))

@@ -59,3 +59,17 @@ def test_disabled_prefix_caching_never_matches():
     first = _request("a", [1, 2, 3, 4, 5])
     _compute(kv, first, 5)
     assert kv.match_prefix(_request("b", [1, 2, 3, 4, 5, 6])).num_blocks == 0
+
+
+def test_a_new_run_is_placed_with_room_for_the_prompt_and_max_tokens():
+    kv = KVCacheManager(BlockPool(40), block_size=4, enable_prefix_caching=False)
+    first = _request("a", list(range(4)))
+    assert kv.allocate(first, 4) and first.block_ids == [0]
+    # 8 prompt tokens + 100 to generate: 27 blocks. The span after the live request holds 39, so the
+    # run starts 6 blocks in and both requests grow in place to their full size.
+    second = Request("b", list(range(8)), SamplingParams(), max_tokens=100)
+    assert kv.allocate(second, 8) and second.block_ids == [7, 8]
+    second.num_computed_tokens = 8
+    assert kv.allocate(second, 100) and second.block_ids == list(range(7, 34))
+    first.num_computed_tokens = 4
+    assert kv.allocate(first, 24) and first.block_ids == list(range(0, 7))

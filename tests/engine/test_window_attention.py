@@ -24,6 +24,14 @@ def test_windows_that_would_read_far_more_than_the_context_fall_back_to_the_gath
     assert plan is not None and plan.widths == [24]
 
 
+def test_rows_broken_at_different_places_share_narrow_slots():
+    # 4 + 2 blocks and 1 + 5: longest runs first, the slots are 5 and 2 blocks wide (7 for a
+    # 6-block context); in table order they would be 4 and 5 wide, past the gather's cost.
+    tables = [[0, 1, 2, 3, 10, 11], [20, 30, 31, 32, 33, 34]]
+    plan = plan_windows([24, 24], tables, BS, pool_tokens=40 * BS)
+    assert plan is not None and plan.widths == [5 * BS, 2 * BS]
+
+
 def reference(queries, k_pool, v_pool, tables, lengths, scale):
     outs = []
     for b, (table, length) in enumerate(zip(tables, lengths)):
@@ -44,7 +52,7 @@ def test_window_attention_equals_attention_over_the_gathered_context(num_q, num_
     lengths = [11, 14, 5, 13]
     queries = mx.random.normal((len(tables), num_q, 1, dim), key=k3)
     plan = plan_windows(lengths, tables, BS, num_blocks * BS)
-    assert plan is not None and plan.widths == [11, 9]
+    assert plan is not None and plan.widths == [11, 6]  # each row's longest run in the first slot
     index = plan.window_index(num_kv)
     out = window_attention(queries, k_pool, v_pool, plan, index, 0.3)
     expected = reference(queries, k_pool, v_pool, tables, lengths, 0.3)
