@@ -244,7 +244,10 @@ def steady_state(llm: LLMEngine, waves: int) -> list[dict]:
                 "blocks_cached": llm.pool.num_cached,
             }
             rows.append(row)
-            print(f"| {wave} | {row['tok_s']:.1f} | {row['in_place_share']:.2f} | {row['blocks_cached']} |", flush=True)
+            print(
+                f"| {wave} | {row['tok_s']:.1f} | {row['in_place_share']:.2f} | {row['blocks_cached']} |",
+                flush=True,
+            )
     finally:
         paged_attention.plan_windows = plan_windows
     return rows
@@ -259,7 +262,9 @@ def main() -> None:
     ap.add_argument(
         "--attention-ab", action="store_true", help="only compare in-place and gathered attention"
     )
-    ap.add_argument("--steady-state", type=int, default=0, metavar="WAVES", help="only the steady-state waves")
+    ap.add_argument(
+        "--steady-state", type=int, default=0, metavar="WAVES", help="only the steady-state waves"
+    )
     args = ap.parse_args()
     llm = LLMEngine(EngineConfig(kv_cache_memory_bytes=1 << 30, max_num_seqs=64, max_num_batched_tokens=512))
     if args.steady_state:

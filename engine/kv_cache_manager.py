@@ -84,7 +84,9 @@ class KVCacheManager:
         num_new_blocks = self.num_blocks_for(total) - len(request.block_ids)
         if num_new_blocks > 0:
             last = request.block_ids[-1] if request.block_ids else None
-            want = self.num_blocks_for(request.num_prompt_tokens + request.max_tokens) - len(request.block_ids)
+            want = self.num_blocks_for(request.num_prompt_tokens + request.max_tokens) - len(
+                request.block_ids
+            )
             request.block_ids.extend(self.pool.allocate(num_new_blocks, after=last, want=want))
         return True
 

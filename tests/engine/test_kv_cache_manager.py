@@ -72,4 +72,4 @@ def test_a_new_run_is_placed_with_room_for_the_prompt_and_max_tokens():
     second.num_computed_tokens = 8
     assert kv.allocate(second, 100) and second.block_ids == list(range(7, 34))
     first.num_computed_tokens = 4
-    assert kv.allocate(first, 24) and first.block_ids == list(range(0, 7))
+    assert kv.allocate(first, 24) and first.block_ids == list(range(7))
