@@ -5,8 +5,9 @@ machine's cores, against 0.3 ns for a fused chain of multiplies and adds. A 251-
 SmolLM2-135M spends about a third of its time there (attention softmax and the MLP's SiLU). Here
 exp(x) for x <= 0 is 2^k * p(r) with k = round(x / ln 2), r = x - k ln 2 in [-ln2/2, ln2/2] and p a
 degree-7 Taylor polynomial (relative error under 1e-7, below MLX's own exp's 3e-6), compiled with
-`mx.compile(shapeless=True)` into one kernel per function. 2^k comes from an integer shift (k >= -62;
-smaller results are under 2^-62 and flushed to 0, which softmax and SiLU cannot tell apart).
+`mx.compile(shapeless=True)` (MLX fuses about 11 ops per kernel: exp becomes 8 kernels, SwiGLU 9).
+2^k comes from an integer shift (k >= -62; smaller results are under 2^-62 and flushed to 0, which
+softmax and SiLU cannot tell apart).
 
 Owns only this arithmetic; engine/attention_hook.py, engine/window_attention.py and
 engine/activation_hook.py decide where it runs (the CPU device only: GPUs have fast exp).
