@@ -7,7 +7,6 @@ renders through here, so /v1/messages* failures are Anthropic-shaped and the res
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
 from starlette.responses import JSONResponse
@@ -15,6 +14,7 @@ from starlette.types import Scope
 
 from api import anthropic_errors
 from api.errors import ApiError
+from api.sse import frame_json
 
 Dialect = Literal["openai", "anthropic"]
 # Anthropic answers an overloaded server with its own 529 where OpenAI uses 503.
@@ -57,7 +57,7 @@ def error_response(path: str, exc: ApiError) -> JSONResponse:
 def stream_error_frame(path: str, exc: ApiError) -> bytes:
     """The SSE event that ends a stream which already sent its status line (OpenAI adds `[DONE]`)."""
     dialect = dialect_of(path)
-    data = json.dumps(error_body(dialect, exc), ensure_ascii=False, separators=(",", ":"))
+    data = frame_json(error_body(dialect, exc))
     if dialect == "anthropic":
         return f"event: error\ndata: {data}\n\n".encode()
     return f"data: {data}\n\ndata: [DONE]\n\n".encode()

@@ -20,16 +20,22 @@ DONE = "data: [DONE]\n\n"
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
+# JSON leaves these raw inside strings, but line readers built on str.splitlines (httpx's
+# `aiter_lines`, among others) end a line at each, cutting a `data:` line in two.
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 def event(payload: dict[str, Any]) -> str:
-    return f"data: {_json(payload)}\n\n"
+    return f"data: {frame_json(payload)}\n\n"
 
 
 def named_event(name: str, payload: dict[str, Any]) -> str:
-    return f"event: {name}\ndata: {_json(payload)}\n\n"
+    return f"event: {name}\ndata: {frame_json(payload)}\n\n"
 
 
-def _json(payload: dict[str, Any]) -> str:
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+def frame_json(payload: dict[str, Any]) -> str:
+    """One line of JSON for a `data:` field: UTF-8 kept, every character a line reader may split at escaped."""
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).translate(_LINE_BREAKS)
 
 
 class EventStreamResponse(StreamingResponse):

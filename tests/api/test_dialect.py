@@ -33,3 +33,10 @@ def test_a_stream_error_frame_in_each_dialect():
     assert openai.endswith("data: [DONE]\n\n") and '"code":"request_timeout"' in openai
     anthropic = stream_error_frame("/v1/messages", error).decode()
     assert anthropic.startswith("event: error\ndata: ") and '"type":"timeout_error"' in anthropic
+
+
+def test_a_stream_error_frame_stays_one_line_per_field_whatever_the_message():
+    frame = stream_error_frame("/v1/chat/completions", ApiError(400, "bad\u2028input\x85here"))
+    lines = [line for line in frame.decode().splitlines() if line]
+    assert lines[-1] == "data: [DONE]" and len(lines) == 2
+    assert json.loads(lines[0][len("data: ") :])["error"]["message"] == "bad\u2028input\x85here"
