@@ -1,14 +1,15 @@
 """Server-sent events framing: OpenAI's `data: {json}\\n\\n` frames ending in `data: [DONE]\\n\\n`, and
 the named `event: <type>\\ndata: {json}\\n\\n` frames of Anthropic's and the Responses API's streams.
 
-Owns the bytes on the wire and the streaming response that carries them; what goes in a frame is the
-converters' business.
+Owns the bytes on the wire and the streaming response that carries them, keep-alive comments
+included; what goes in a frame is the converters' business.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.responses import StreamingResponse
@@ -18,6 +19,9 @@ MEDIA_TYPE = "text/event-stream"
 DONE = "data: [DONE]\n\n"
 # Proxies (nginx) buffer text/event-stream unless told not to; clients must see each frame at once.
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# An SSE comment: every SSE client skips it. Sent while a request waits for a slot, so that proxies
+# (nginx closes after 60 s by default) and clients with read timeouts keep the stream open.
+KEEPALIVE = ": keep-alive\n\n"
 
 
 # JSON leaves these raw inside strings, but line readers built on str.splitlines (httpx's
@@ -38,12 +42,50 @@ def frame_json(payload: dict[str, Any]) -> str:
     return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).translate(_LINE_BREAKS)
 
 
-class EventStreamResponse(StreamingResponse):
-    """A text/event-stream response that calls `on_close` however it ends: finished, failed, or cut off
-    by a client that left before the first frame (when the frames' own cleanup never got to run)."""
+async def with_keepalive(
+    frames: AsyncIterator[str], heartbeat: Callable[[], Awaitable[None]]
+) -> AsyncIterator[str]:
+    """`frames`, plus a KEEPALIVE at each `heartbeat()` that comes while no frame does: the engine says
+    the request still waits for a slot. A stream whose engine went silent gets none."""
+    frame: asyncio.Future[str] | None = None
+    beat: asyncio.Future[None] | None = None
+    try:
+        while True:
+            frame = frame or asyncio.ensure_future(anext(frames))
+            beat = beat or asyncio.ensure_future(heartbeat())
+            done, _ = await asyncio.wait({frame, beat}, return_when=asyncio.FIRST_COMPLETED)
+            if beat in done:
+                beat = None
+                if frame not in done:
+                    yield KEEPALIVE
+                    continue
+            finished, frame = frame, None
+            try:
+                text = finished.result()
+            except StopAsyncIteration:
+                return
+            yield text
+    finally:  # finished, or the client left / the route was cancelled mid-wait
+        waits = [task for task in (frame, beat) if task is not None]
+        for task in waits:
+            task.cancel()
+        if waits:
+            await asyncio.wait(waits)
+        await frames.aclose()  # type: ignore[attr-defined]
 
-    def __init__(self, frames: AsyncIterator[str], on_close: Callable[[], None]):
-        super().__init__(frames, media_type=MEDIA_TYPE, headers=HEADERS)
+
+class EventStreamResponse(StreamingResponse):
+    """A text/event-stream response with keep-alives (`with_keepalive`) that calls `on_close` however it
+    ends: finished, failed, or cut off by a client that left before the first frame (when the frames'
+    own cleanup never got to run)."""
+
+    def __init__(
+        self,
+        frames: AsyncIterator[str],
+        on_close: Callable[[], None],
+        heartbeat: Callable[[], Awaitable[None]],
+    ):
+        super().__init__(with_keepalive(frames, heartbeat), media_type=MEDIA_TYPE, headers=HEADERS)
         self._on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -64,7 +64,7 @@ class AnthropicRoutes:
             await chat_generation.collect(generation, state)
             return JSONResponse(message(meta, state, parsing).dump())
         frames = message_events(meta, state, generation.batches(), parsing)
-        return sse.EventStreamResponse(frames, on_close=generation.cancel)
+        return sse.EventStreamResponse(frames, on_close=generation.cancel, heartbeat=generation.heartbeat)
 
     async def _prompt_inputs(
         self, req: CountTokensRequest | MessagesRequest

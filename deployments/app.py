@@ -99,6 +99,13 @@ class AppConfig(_Strict):
         "open streams / this, at most 1 s (more tokens per batch, less CPU taken from the step). "
         "None: no cap.",
     )
+    stream_keepalive_s: float = Field(
+        10.0,
+        gt=0,
+        description="A stream whose request waits for a slot (queued, or preempted for KV blocks) gets "
+        "an SSE comment line this often once its Scheduler confirms it still holds the request, so "
+        "that proxies and clients with read timeouts keep it open. SSE clients skip comments.",
+    )
     scheduler: SchedulerOptions = Field(default_factory=SchedulerOptions)
     tokenizer: DeploymentOptions = Field(default_factory=DeploymentOptions)
     embedder: EmbedderOptions = Field(default_factory=EmbedderOptions)
@@ -154,7 +161,7 @@ def build_app(args: dict[str, Any]) -> Application:
     config = AppConfig.model_validate(args or {})
     engine_args = config.engine.model_dump()
     scheduler = Scheduler.options(**config.scheduler.actor_options()).bind(
-        engine_args, config.stream_interval_s, config.max_stream_batches_per_s
+        engine_args, config.stream_interval_s, config.max_stream_batches_per_s, config.stream_keepalive_s
     )
     tokenizer = Tokenizer.options(**config.tokenizer.actor_options()).bind(engine_args)
     embedder = None

@@ -1,8 +1,10 @@
 """Drives the Scheduler streams of one HTTP request, for the Ingress.
 
 Owns the streaming handle calls: starts one per engine request, surfaces a rejection before any byte
-goes out, merges several streams, splits a request's `n` samples into choices, and cancels whatever is still running when the caller goes away
-(the Scheduler then aborts the request and frees its blocks). Converts nothing to JSON.
+goes out, merges several streams, splits a request's `n` samples into choices, passes on the heartbeats
+of a request that waits in a Scheduler's queue (its empty batches), and cancels whatever is still
+running when the caller goes away (the Scheduler then aborts the request and frees its blocks).
+Converts nothing to JSON.
 """
 
 from __future__ import annotations
@@ -39,9 +41,11 @@ class Generation:
         self._bases = [sum(r.n for r in requests[:k]) for k in range(len(requests))]
         self._firsts: list[Batch] = []
         self._prompt_param = prompt_param
+        self._beat = asyncio.Event()  # set by each heartbeat after start(); api/sse.py waits on it
 
     async def start(self) -> None:
-        """Waits for every first batch, so that a rejected request is still a clean 4xx/5xx response."""
+        """Waits until the Scheduler admitted every request (their first, empty, batches), so that a
+        rejected request is still a clean 4xx/5xx response."""
         try:
             items = await asyncio.gather(*(self._next(i) for i in range(len(self._streams))))
         except BaseException:
@@ -52,6 +56,7 @@ class Generation:
                 self.cancel()
                 raise from_engine_error(item, self._prompt_param)
         self._firsts = list(items)  # type: ignore[arg-type]
+        self._beat.clear()  # the admissions are no heartbeats
 
     async def batches(self) -> AsyncIterator[tuple[int, Batch]]:
         """(choice index, batch) until every stream has finished; cancels the rest on exit."""
@@ -122,10 +127,17 @@ class Generation:
             logger.exception("Scheduler stream %d failed", index)
             message = f"the scheduler failed: {type(exc).__name__}: {exc}"
             raise internal_error(message, "scheduler_failed") from exc
+        if item == []:
+            self._beat.set()
         if isinstance(item, list):
             self._open[index] -= {out.index for out in item if out.finished}
             self._done[index] = not self._open[index]
         return item
+
+    async def heartbeat(self) -> None:
+        """Returns at the next heartbeat: a Scheduler still holds the request, waiting for a slot."""
+        await self._beat.wait()
+        self._beat.clear()
 
     def cancel(self) -> None:
         for index, stream in enumerate(self._streams):

@@ -205,7 +205,7 @@ class Ingress:
 
         usage_chunk = (lambda: chat_usage_chunk(meta, states)) if include_usage(req) else None
         frames = sse_frames(generation.batches(), states, chunk, usage_chunk, self._texts_for)
-        return sse.EventStreamResponse(frames, on_close=generation.cancel)
+        return sse.EventStreamResponse(frames, on_close=generation.cancel, heartbeat=generation.heartbeat)
 
     @app.post("/v1/completions", openapi_extra=request_body(CompletionRequest))
     async def completions(self, request: Request) -> Response:
@@ -228,7 +228,7 @@ class Ingress:
 
         usage_chunk = (lambda: completion_usage_chunk(meta, states)) if include_usage(req) else None
         frames = sse_frames(generation.batches(), states, chunk, usage_chunk, self._texts_for)
-        return sse.EventStreamResponse(frames, on_close=generation.cancel)
+        return sse.EventStreamResponse(frames, on_close=generation.cancel, heartbeat=generation.heartbeat)
 
     @app.post("/v1/embeddings", openapi_extra=request_body(EmbeddingRequest))
     async def embeddings(self, request: Request) -> Response:

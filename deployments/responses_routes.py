@@ -83,7 +83,7 @@ class ResponsesRoutes:
             return JSONResponse(response.dump())
         batches = generation.batches()
         frames = response_events(meta, settings(req), state, batches, remember, parsing, choice.parallel)
-        return sse.EventStreamResponse(frames, on_close=generation.cancel)
+        return sse.EventStreamResponse(frames, on_close=generation.cancel, heartbeat=generation.heartbeat)
 
     async def _prompt_inputs(self, prompt: ChatPrompt) -> tuple[list[int], ImageInputs | None]:
         if not prompt.image_urls:

@@ -20,7 +20,7 @@ from ray import serve
 
 from deployments.messages import ModelInfo, ReplicaStats
 from deployments.ray_metrics import RayMetricsExporter
-from deployments.step_loop import StepLoop
+from deployments.step_loop import HEARTBEAT_S, StepLoop
 
 logger = logging.getLogger(__name__)
 
@@ -34,21 +34,23 @@ class Scheduler:
         engine_config: dict[str, Any],
         stream_interval_s: float,
         max_stream_batches_per_s: float | None = None,
+        heartbeat_s: float = HEARTBEAT_S,
     ):
         # Imported here, not at the top: only this replica's process needs MLX and the model code.
         from engine.llm_engine import LLMEngine
 
         config = EngineConfig.model_validate(engine_config)
         self._engine = LLMEngine(config)
-        self._loop = StepLoop(self._engine, stream_interval_s, max_stream_batches_per_s)
+        self._loop = StepLoop(self._engine, stream_interval_s, max_stream_batches_per_s, heartbeat_s)
         self._replica_id = serve.get_replica_context().replica_id.unique_id
         model_name = config.served_model_name or self._engine.model_name
         self._ray_metrics = RayMetricsExporter(model_name, self._replica_id)
         self._export_task: asyncio.Task[None] | None = None
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[list[RequestOutput] | EngineError]:
-        """Call through a streaming handle: `list[RequestOutput]` batches, or one `EngineError` if
-        the engine rejected the request. Cancelling the call aborts the request and frees its blocks."""
+        """Call through a streaming handle: `list[RequestOutput]` batches (empty ones say "admitted"
+        and "still waiting"; deployments/step_loop.py), or one `EngineError` if the engine rejected
+        the request. Cancelling the call aborts the request and frees its blocks."""
         self._ensure_exporting()
         async with aclosing(self._loop.generate(request)) as items:  # closing this closes the inner one
             async for item in items:

@@ -20,6 +20,10 @@ logger = logging.getLogger(__name__)
 
 STEP_FAILURE_BACKOFF_S = 0.5  # a step that raises is retried after this, not in a hot loop
 MAX_STRETCHED_INTERVAL_S = 1.0  # the cap stretches no interval past this: a longer gap reads as a stall
+# A request that waits (queued, or preempted for blocks) gets an empty batch this often: the Ingress
+# learns that this replica still holds it and keeps the client's stream alive (api/sse.py).
+# deployments/app.py's stream_keepalive_s sets it.
+HEARTBEAT_S = 10.0
 
 
 class SteppableEngine(Protocol):
@@ -36,10 +40,12 @@ class StepLoop:
         engine: SteppableEngine | Any,
         stream_interval_s: float,
         max_stream_batches_per_s: float | None = None,
+        heartbeat_s: float = HEARTBEAT_S,
     ):
         self._engine = engine
         self._stream_interval_s = stream_interval_s
         self._max_stream_batches_per_s = max_stream_batches_per_s
+        self._heartbeat_s = heartbeat_s
         # engine.step blocks in mx.eval: it runs off the event loop, in this one thread, never twice at once.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-step")
         self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
@@ -52,6 +58,8 @@ class StepLoop:
 
         If add_request rejects the request, the one item is the `EngineError` (a value, not a raise:
         the caller maps it to a 4xx/5xx, and the replica logs no traceback for a bad request).
+        Otherwise the first item is an empty batch, at once: the request is admitted. Another empty
+        batch follows every `heartbeat_s` in which the request got no output (it waits for a slot).
         Closing or cancelling the generator before the final output aborts the request in the engine.
         """
         request_id = request.request_id
@@ -68,10 +76,12 @@ class StepLoop:
         self._wake.set()
         open_indices, last_yield_s = set(range(request.n)), 0.0  # samples with no finished output yet
         try:
+            yield []  # admitted: the caller may start its response
             while open_indices:
                 batch = await self._next_batch(queue, last_yield_s)
-                open_indices -= {out.index for out in batch if out.finished}
-                last_yield_s = time.monotonic()
+                if batch:  # a heartbeat does not push back the next batch's interval
+                    open_indices -= {out.index for out in batch if out.finished}
+                    last_yield_s = time.monotonic()
                 yield batch
         finally:
             self._queues.pop(request_id, None)
@@ -85,20 +95,21 @@ class StepLoop:
     ) -> list[RequestOutput]:
         """Everything queued for one request. Batches go out at most once per stream interval: when
         steps are faster than that, several steps coalesce; when slower, each step is one batch.
-        A finished output goes out at once: the interval never delays a stream's end."""
-        batch = [await queue.get()]
+        A finished output goes out at once: the interval never delays a stream's end. Empty (a
+        heartbeat) when nothing came for `heartbeat_s`."""
+        first = await _get_within(queue, self._heartbeat_s)
+        if first is None:
+            return []
+        batch = [first]
         deadline_s = last_yield_s + self.stream_interval_s()
         while not batch[-1].finished:
             if not queue.empty():
                 batch.append(queue.get_nowait())
                 continue
             remaining_s = deadline_s - time.monotonic()
-            if remaining_s <= 0:
+            if remaining_s <= 0 or (out := await _get_within(queue, remaining_s)) is None:
                 break
-            try:
-                batch.append(await asyncio.wait_for(queue.get(), remaining_s))
-            except TimeoutError:
-                break
+            batch.append(out)
         return batch
 
     def stream_interval_s(self) -> float:
@@ -148,3 +159,14 @@ class StepLoop:
                     RequestOutput(request_id, [], "", finish_reason="error", error=message, index=index)
                 )
             self._engine.abort_request(request_id)
+
+
+async def _get_within(queue: asyncio.Queue[RequestOutput], timeout_s: float) -> RequestOutput | None:
+    """The next output, or None after `timeout_s`. Not `asyncio.wait_for`: on Python 3.11 it can
+    swallow the caller's cancellation when the get completes at the same moment, and a lost
+    cancellation would leave a request running for a client that left."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await queue.get()
+    except TimeoutError:
+        return None

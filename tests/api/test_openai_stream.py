@@ -94,6 +94,10 @@ def test_unexpected_exception_is_a_server_error_event():
     assert json.loads(data[1])["error"]["type"] == "server_error" and data[2] == "[DONE]"
 
 
+async def _never() -> None:
+    await asyncio.Event().wait()
+
+
 def test_event_stream_response_closes_even_if_the_client_left_before_the_first_frame():
     started, closed = [], []
 
@@ -108,11 +112,16 @@ def test_event_stream_response_closes_even_if_the_client_left_before_the_first_f
         return {"type": "http.disconnect"}
 
     async def run():
-        response = EventStreamResponse(never_started(), on_close=lambda: closed.append(True))
+        response = EventStreamResponse(
+            never_started(), on_close=lambda: closed.append(True), heartbeat=_never
+        )
         scope = {"type": "http", "asgi": {"spec_version": "2.4"}, "method": "POST", "path": "/"}
         with pytest.raises((OSError, ClientDisconnect)):  # Starlette reports a failed send as a disconnect
             await response(scope, receive, gone)
 
     asyncio.run(run())
     assert closed == [True] and started == []
-    assert EventStreamResponse(two_batches(), on_close=lambda: None).media_type == "text/event-stream"
+    assert (
+        EventStreamResponse(two_batches(), on_close=lambda: None, heartbeat=_never).media_type
+        == "text/event-stream"
+    )

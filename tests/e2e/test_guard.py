@@ -1,7 +1,8 @@
 """API keys, limits and CORS on a second, guarded app in the same Ray Serve instance (route /guarded).
 
-A real engine behind it with room for one running and one waiting request, so a third is refused.
-Each test uses its own API key, so the per-key rate limit of one test does not reach the others.
+A real engine behind it with room for one running and one waiting request, so a third is refused and
+the waiting one's stream gets keep-alive comments. Each test uses its own API key, so the per-key
+rate limit of one test does not reach the others.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.e2e
 
 MODEL = "smol-guarded"
 PREFIX = "/guarded"
-KEYS = {name: f"sk-{name}" for name in ("auth", "rate", "queue", "timeout")}
+KEYS = {name: f"sk-{name}" for name in ("auth", "rate", "queue", "timeout", "keepalive")}
 TIMEOUT_S = 10  # room for the queue test on a loaded 2-core machine; the timeout test waits this twice
 GUARDED_ARGS = {
     "engine": {
@@ -27,6 +28,7 @@ GUARDED_ARGS = {
         "max_model_len": 2048,
         "kv_cache_memory_bytes": 128 * 1024 * 1024,
     },
+    "stream_keepalive_s": 1,
     "scheduler": {"num_replicas": 1, "num_cpus": 0.1, "num_threads": 1, "max_ongoing_requests": 8},
     "tokenizer": {"num_cpus": 0.05},
     "embedder": {"enabled": False},
@@ -186,6 +188,66 @@ def test_a_full_queue_is_503_with_retry_after_and_529_on_anthropic_routes(guarde
     assert refused.json()["error"]["code"] == "queue_full"
     assert anthropic.status_code == 529, anthropic.text
     assert anthropic.json()["error"]["type"] == "overloaded_error" and "retry-after" in anthropic.headers
+
+
+class _Tee(httpx.HTTPTransport):
+    """A real transport that keeps a copy of every response body's bytes, as they arrive."""
+
+    def __init__(self):
+        super().__init__()
+        self.received = bytearray()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        inner, received = response.stream, self.received
+
+        class Copy(httpx.SyncByteStream):
+            def __iter__(self):
+                for chunk in inner:
+                    received.extend(chunk)
+                    yield chunk
+
+            def close(self):
+                inner.close()
+
+        return httpx.Response(
+            response.status_code, headers=response.headers, stream=Copy(), extensions=response.extensions
+        )
+
+
+def test_a_waiting_stream_gets_keepalive_comments_that_the_openai_sdk_skips(guarded):
+    import openai
+
+    url, headers, tee = str(guarded.base_url).rstrip("/"), key("keepalive"), _Tee()
+    sdk = openai.OpenAI(
+        base_url=f"{url}/v1",
+        api_key=KEYS["keepalive"],
+        max_retries=0,
+        http_client=httpx.Client(transport=tee),
+    )
+    chunks: list = []
+
+    def waiting_stream() -> None:
+        stream = sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                             max_tokens=3, stream=True)  # fmt: skip
+        chunks.extend(stream)
+
+    long = chat_body(max_tokens=900, ignore_eos=True, stream=True)
+    first = httpx.Client(base_url=url, timeout=120)
+    with first, first.stream("POST", "/v1/chat/completions", json=long, headers=headers) as running:
+        lines = running.iter_lines()  # kept referenced: a collected iter_lines() closes the stream
+        next(lines)
+        waiting = threading.Thread(target=waiting_stream)
+        waiting.start()
+        wait_for(guarded, "keepalive", lambda total: total["num_waiting"] == 1)
+        time.sleep(3)  # ~3 heartbeats at stream_keepalive_s = 1; the request timeout is 10 s
+    # Leaving the running stream frees the one slot: the waiting request runs.
+    waiting.join(timeout=60)
+    wire = tee.received.decode()
+    before_first_data = wire[: wire.index("data:")]
+    assert before_first_data.count(": keep-alive\n\n") >= 2, wire[:300]
+    assert chunks and chunks[-1].choices[0].finish_reason == "length"  # the SDK read the stream whole
+    assert wire.endswith("data: [DONE]\n\n")
 
 
 def test_past_the_timeout_a_request_is_408_or_an_error_event_and_aborted(guarded):
