@@ -34,6 +34,7 @@ from api.tool_parsers import canonical_name
 from deployments.embedder import Embedder
 from deployments.ingress import Ingress
 from deployments.scheduler import Scheduler
+from deployments.step_loop import HEARTBEAT_S
 from deployments.tokenizer import Tokenizer
 
 
@@ -100,7 +101,7 @@ class AppConfig(_Strict):
         "None: no cap.",
     )
     stream_keepalive_s: float = Field(
-        10.0,
+        HEARTBEAT_S,
         gt=0,
         description="A stream whose request waits for a slot (queued, or preempted for KV blocks) gets "
         "an SSE comment line this often once its Scheduler confirms it still holds the request, so "

@@ -127,9 +127,9 @@ class Generation:
             logger.exception("Scheduler stream %d failed", index)
             message = f"the scheduler failed: {type(exc).__name__}: {exc}"
             raise internal_error(message, "scheduler_failed") from exc
-        if item == []:
-            self._beat.set()
         if isinstance(item, list):
+            if not item:  # admitted, or still waiting for a slot
+                self._beat.set()
             self._open[index] -= {out.index for out in item if out.finished}
             self._done[index] = not self._open[index]
         return item
