@@ -51,6 +51,23 @@ def test_swiglu_equals_silu_times_x(shape):
     assert mx.allclose(cpu_math.swiglu(transposed, transposed), nn.silu(transposed) * transposed, atol=2e-6)
 
 
+def test_swiglu_keeps_float32_accuracy_from_minus_87_to_100_and_bfloat16_in_bfloat16():
+    gate = mx.concatenate([mx.linspace(-100, 100, 200_001), mx.array([0.0, -0.0, 1e-30, -1e-30])])
+    wide = np.array(gate, dtype=np.float64)
+    exact = wide / (1 + np.exp(-wide))
+    got = np.array(cpu_math.swiglu(gate, mx.ones_like(gate)), dtype=np.float64)
+    kept = np.array(gate) > -87
+    relative = np.abs(got - exact)[kept & (exact != 0)] / np.abs(exact[kept & (exact != 0)])
+    assert relative.max() < 3e-7  # MLX's own silu: 5e-7 here
+    assert np.all(got[np.array(gate) < -87.7] == 0.0)  # flushed, where exact is under 1e-36
+    assert np.max(np.abs(got - exact)[~kept]) < 1e-35
+    assert np.all(got[np.array(gate) == 0] == 0.0)
+    gate16 = (mx.random.normal((8, 64), key=mx.random.key(8)) * 4).astype(mx.bfloat16)
+    out = cpu_math.swiglu(gate16, gate16)
+    assert out.dtype == mx.bfloat16
+    assert mx.allclose(out.astype(mx.float32), (nn.silu(gate16) * gate16).astype(mx.float32), rtol=2e-2)
+
+
 # 150 queries run as causal blocks of 64 (the last one partial), over a fresh prompt and after 57 cached tokens.
 @pytest.mark.parametrize(("length", "num_keys"), [(1, 1), (1, 40), (16, 16), (5, 37), (150, 150), (150, 207)])
 def test_attention_equals_mlx_for_causal_boolean_additive_and_no_mask(length, num_keys):
