@@ -50,9 +50,8 @@ def _wanted(requirement: Requirement, extras: set[str]) -> bool:
 
 def installed_closure(requirements: list[Requirement]) -> set[str]:
     """Canonical names of the installed distributions these requirements pull in, transitively."""
-    walked: set[tuple[str, frozenset[str]]] = (
-        set()
-    )  # a distribution asked again with other extras brings more
+    # Keyed with the extras: a distribution asked again with other extras brings more.
+    walked: set[tuple[str, frozenset[str]]] = set()
     todo: list[tuple[Requirement, set[str]]] = [(r, set()) for r in requirements]
     while todo:
         requirement, parent_extras = todo.pop()
