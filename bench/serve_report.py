@@ -102,12 +102,3 @@ def _text(path: str) -> str:
         return Path(path).read_text()
     except OSError:
         return ""
-
-
-def recorded_out(path: str, repo: Path) -> str:
-    """How the results record `--out`: as given inside the checkout or the home directory (whose
-    prefixes become "." and "~" when written), elsewhere (one machine's scratch folder) as the file
-    name only, so that committed results hold no path of the machine that made them."""
-    full = Path(path) if Path(path).is_absolute() else repo / path
-    inside = any(full.is_relative_to(root) for root in (repo, Path.home()))
-    return path if inside else full.name
