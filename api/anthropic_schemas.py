@@ -19,7 +19,8 @@ _DIRECT_CALLER = (
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    # strict: a JSON "1" is not an int, nor 1 a bool; OpenAI and Anthropic refuse such types too.
+    model_config = ConfigDict(extra="forbid", strict=True, protected_namespaces=())
 
 
 class TextBlock(_Strict):

@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    # strict: a JSON "1" is not an int, nor 1 a bool; OpenAI and Anthropic refuse such types too.
+    model_config = ConfigDict(extra="forbid", strict=True, protected_namespaces=())
 
 
 class StreamOptions(_Strict):

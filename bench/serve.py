@@ -267,7 +267,12 @@ def main() -> None:
         "metrics": METRICS,
         "git": git_state(),
         "machine": serve_report.machine(),
-        "settings": {**vars(args), "levels": levels(args), **env_info},
+        "settings": {
+            **vars(args),
+            "out": serve_report.recorded_out(args.out, REPO),
+            "levels": levels(args),
+            **env_info,
+        },
         "servers": [],
     }
     install_failed = install_peers(names, env_info, args)

@@ -68,6 +68,12 @@ def notes(servers: list[dict]) -> str:
     return "\n".join(out)
 
 
+def recorded_out(path: str, repo: Path) -> str:
+    """`--out` as committed results name it: relative inside the checkout, else the file name alone."""
+    resolved = (repo / path).resolve()
+    return str(resolved.relative_to(repo)) if resolved.is_relative_to(repo) else resolved.name
+
+
 def machine() -> dict:
     return {
         "platform": platform.platform(),

@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench import serve_proc
+from bench.serve_report import recorded_out
 from bench.soak_load import LoadConfig, run_load
 from bench.soak_probe import memory_report, sample_until, samples_json, take_sample, wait_idle
 
@@ -126,6 +127,17 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
+def recorded_command(argv: list[str]) -> str:
+    """The command line as committed results show it: an --out outside the checkout by file name only."""
+    words = list(argv)
+    for i, word in enumerate(words):
+        if word == "--out" and i + 1 < len(words):
+            words[i + 1] = recorded_out(words[i + 1], REPO)
+        elif word.startswith("--out="):
+            words[i] = "--out=" + recorded_out(word.removeprefix("--out="), REPO)
+    return " ".join(["python bench/soak.py", *words])
+
+
 def main() -> int:
     args = parse_args()
     load = LoadConfig(
@@ -146,7 +158,7 @@ def main() -> int:
     finally:
         if server is not None:
             serve_proc.stop(server)
-    report["command"] = "python bench/soak.py " + " ".join(sys.argv[1:])
+    report["command"] = recorded_command(sys.argv[1:])
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1))
     print_report(report)

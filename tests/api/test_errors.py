@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from engine.errors import (
     ContextLengthExceededError,
     EngineError,
@@ -13,10 +15,13 @@ from engine.errors import (
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
+from pydantic import ValidationError
 
+from api.anthropic_schemas import MessagesRequest
 from api.body import parse_body
 from api.errors import from_engine_error, install_error_handlers
-from api.openai_schemas import ChatCompletionRequest
+from api.openai_schemas import ChatCompletionRequest, EmbeddingRequest
+from api.responses_schemas import ResponsesRequest
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +84,33 @@ def test_missing_field_is_400(client):
 def test_out_of_range_is_400(client):
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 3}
     assert error_of(client.post("/chat", json=body))["param"] == "temperature"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("max_tokens", "5"), ("temperature", "0.5"), ("stream", 1), ("seed", 2.0)]
+)
+def test_a_wrongly_typed_value_is_400_not_coerced(client, field, value):
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], field: value}
+    response = client.post("/chat", json=body)
+    assert response.status_code == 400 and error_of(response)["param"] == field
+
+
+def test_an_integer_is_a_valid_number(client):
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": 1}
+    assert client.post("/chat", json=body).json()["temperature"] == 1
+
+
+@pytest.mark.parametrize(
+    ("model", "body"),
+    [
+        (MessagesRequest, {"model": "m", "max_tokens": "5", "messages": [{"role": "user", "content": "x"}]}),
+        (ResponsesRequest, {"model": "m", "input": "x", "max_output_tokens": "5"}),
+        (EmbeddingRequest, {"model": "m", "input": "x", "dimensions": "5"}),
+    ],
+)
+def test_every_dialect_refuses_a_number_in_a_string(model, body):
+    with pytest.raises(ValidationError, match="valid integer"):
+        model.model_validate_json(json.dumps(body))
 
 
 def test_fastapi_validation_error_is_mapped(client):

@@ -83,6 +83,7 @@ def test_no_server_error_and_errors_in_the_dialect(api_schema, method, path, mod
         generation_mode=schemathesis.GenerationMode(mode), hooks=api_schema.hooks
     )
     statuses: list[int] = []
+    accepted_invalid: list[tuple[int, Any]] = []  # named in the failure, since hypothesis' draws vary
 
     @given(case=strategy)
     @settings(
@@ -96,6 +97,8 @@ def test_no_server_error_and_errors_in_the_dialect(api_schema, method, path, mod
     def check(case):
         response = case.call(timeout=60)
         statuses.append(response.status_code)
+        if mode == "negative" and not 400 <= response.status_code < 500:
+            accepted_invalid.append((response.status_code, case.body))
         assert response.status_code < 500, (response.status_code, response.text[:500])
         if response.status_code >= 400:
             assert_dialect_error(path, response.json())
@@ -103,7 +106,7 @@ def test_no_server_error_and_errors_in_the_dialect(api_schema, method, path, mod
     check()
     # The cases must reach the routes' own logic: invalid bodies are all refused, valid ones served.
     if mode == "negative":
-        assert all(400 <= status < 500 for status in statuses), statuses
+        assert statuses and not accepted_invalid, accepted_invalid
     else:
         assert any(200 <= status < 300 for status in statuses), statuses
 
