@@ -69,6 +69,10 @@ class ChoiceState:
 
 
 def raise_if_failed(out: RequestOutput) -> None:
+    if out.finish_reason == "error" and out.error_param is not None:
+        raise ApiError(
+            400, out.error or "the request cannot be served", param=out.error_param, code="invalid_value"
+        )
     if out.finish_reason == "error":
         raise ApiError(
             500, out.error or "the request failed in the engine", SERVER_ERROR, code="request_failed"

@@ -89,6 +89,7 @@ class RequestOutput:
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
     error: str | None = None
+    error_param: str | None = None  # set when the failure is the request's: the parameter to change (a 400)
     index: int = 0  # which of the request's `n` samples this output belongs to
 
     @property

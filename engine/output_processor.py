@@ -74,9 +74,12 @@ class OutputProcessor:
                 emitted += track.stop_checker.flush()
         if reason is not None:
             request.finish_reason, request.stop_reason = reason, stop_reason
-        output = self._output(request, token_ids, emitted, logprobs, reason, stop_reason)
-        if grammar_end == "error" and reason == "error":
-            output.error = "the sampled token broke the request's grammar"
+        broke = grammar_end == "error" and reason == "error"
+        failure = self.structured.failure(request.request_id) if broke and self.structured else None
+        output = self._output(request, token_ids, emitted, logprobs, reason, stop_reason)  # drops the matcher
+        if broke:
+            output.error = failure.message if failure else "the sampled token broke the request's grammar"
+            output.error_param = failure.param if failure else None
         return output
 
     def abort(self, request: Request, reason: FinishReason, error: str | None = None) -> RequestOutput:

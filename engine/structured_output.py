@@ -8,7 +8,8 @@ bench/structured_engines.py, docs/benchmarks.md.
 Life of a constrained request: `validate` at add_request (any thread; a bad spec raises
 InvalidRequestError), `prepare` before the forward of each step it samples in (a matcher is made
 on first use and the masks are filled on a background thread while the model runs), `mask` when
-its sampling row is built, `accept` for each committed token, `remove` at any finish. Preemption
+its sampling row is built, `accept` for each committed token (after an "error", `failure` says
+whether the request is to blame), `remove` at any finish. Preemption
 by recompute keeps the matcher: the request's tokens do not change.
 """
 
@@ -60,6 +61,9 @@ class StructuredOutputManager:
         self._lock = threading.Lock()  # guards the cache and the tokenizer: validate runs on any thread
         self._cache: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()  # pristine, never advanced
         self._matchers: dict[str, llguidance.LLMatcher] = {}
+        self._params: dict[str, str] = {}  # request id -> the parameter its grammar came from
+        self._failures: dict[str, InvalidRequestError] = {}
+        self._unwritable = b""  # bytes no token contains, so no output can hold them
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks") if overlap else None
         self._executor = llguidance.LLExecutor(num_threads=1)
         self._pending: Future | None = None
@@ -108,11 +112,20 @@ class StructuredOutputManager:
         if not matcher.consume_token(token_id):
             logger.error("request %s: token %d rejected by its grammar: %s", request_id, token_id,
                          matcher.get_error())  # fmt: skip
+            if self._unwritable and self._was_allowed(request_id, token_id):
+                self._failures[request_id] = self._unwritable_error(self._params[request_id])
             return "error"
         return "stop" if matcher.is_stopped() else None
 
+    def failure(self, request_id: str) -> InvalidRequestError | None:
+        """After `accept` said "error": the request's own fault, when its grammar needs bytes this
+        vocabulary cannot write; None when the engine is to blame."""
+        return self._failures.pop(request_id, None)
+
     def remove(self, request_id: str) -> None:
         self._matchers.pop(request_id, None)
+        self._params.pop(request_id, None)
+        self._failures.pop(request_id, None)
 
     @property
     def num_live(self) -> int:
@@ -124,7 +137,24 @@ class StructuredOutputManager:
         matcher = self._matchers.get(request_id)
         if matcher is None:
             matcher = self._matchers[request_id] = self._compiled(spec).deep_copy()
+            self._params[request_id] = _grammar_param(spec)
         return matcher
+
+    def _was_allowed(self, request_id: str, token_id: int) -> bool:
+        row = self._rows.get(request_id)
+        return row is not None and bool((int(self._bitmask[row, token_id // 32]) >> (token_id % 32)) & 1)
+
+    def _unwritable_error(self, param: str) -> InvalidRequestError:
+        # llguidance plans forced text through the Hugging Face tokenizer, which silently drops such
+        # bytes, so its mask then allows a token the grammar refuses (SmolLM2 has no token for the
+        # UTF-8 lead bytes 0xF1 and 0xF2: U+40000 to U+BFFFF).
+        listed = ", ".join(f"0x{b:02X}" for b in self._unwritable)
+        return InvalidRequestError(
+            f"the output format asks for text this model cannot write: its vocabulary has no token "
+            f"for the bytes {listed}, so no character that needs one can be generated; allow other "
+            f"characters in {param}",
+            param,
+        )
 
     def _fill(self, matchers: list[tuple[llguidance.LLMatcher, int]], bitmask: np.ndarray) -> None:
         llguidance.numpy.fill_next_token_bitmask_par(self._executor, matchers, bitmask)
@@ -153,14 +183,15 @@ class StructuredOutputManager:
     def _tokenizer(self) -> llguidance.LLTokenizer:
         if self._llg_tokenizer is None:
             try:
-                self._llg_tokenizer = llguidance.hf.from_tokenizer(
-                    self._hf_tokenizer, eos_token=self._eos_token_ids
-                )
+                tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer, eos_token=self._eos_token_ids)
             except ValueError as exc:
                 raise InvalidRequestError(
                     f"structured output needs a fast (Rust) Hugging Face tokenizer; this model's: {exc}",
                     "response_format",
                 ) from exc
+            written = set(tokenizer.decode_bytes(list(range(tokenizer.vocab_size))))
+            self._unwritable = bytes(sorted(set(range(256)) - written))
+            self._llg_tokenizer = tokenizer
         return self._llg_tokenizer
 
 
@@ -187,6 +218,10 @@ def _grammar(spec: StructuredOutputs) -> tuple[str, str, str]:
     except (TypeError, ValueError) as exc:
         raise InvalidRequestError(f"invalid JSON schema: {exc}", "response_format") from exc
     return "json:" + text, grammar, "response_format"
+
+
+def _grammar_param(spec: StructuredOutputs) -> str:
+    return "grammar" if spec.grammar is not None else "response_format"
 
 
 def _what(spec: StructuredOutputs) -> str:

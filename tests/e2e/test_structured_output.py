@@ -136,6 +136,17 @@ def test_vllm_guided_extras(client, extra, check):
     assert check(response.choices[0].message.content)
 
 
+def test_a_regex_the_model_cannot_write_is_a_400_and_the_server_goes_on(client):
+    # U+61DB8 needs the UTF-8 lead byte 0xF1, which no SmolLM2 token holds.
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(
+            model=MODEL, prompt="5", max_tokens=8, extra_body={"guided_regex": "\U00061db8"}
+        )
+    assert err.value.body["param"] == "grammar" and "0xF1" in err.value.body["message"]
+    ok = client.completions.create(model=MODEL, prompt="5", max_tokens=8, extra_body={"guided_regex": "ab"})
+    assert ok.choices[0].text == "ab"
+
+
 def test_responses_text_format_json_schema(client):
     response = client.responses.create(
         model=MODEL,

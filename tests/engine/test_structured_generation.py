@@ -167,6 +167,15 @@ def test_a_bad_schema_is_refused_at_add_request(llm):
     assert not llm.has_unfinished_requests()
 
 
+def test_a_grammar_the_vocabulary_cannot_write_fails_its_request_naming_the_param(llm):
+    spec = StructuredOutputs(grammar="start: /\U00061db8/")  # needs byte 0xF1: no SmolLM2 token has it
+    free = _request(llm, "free", None, temperature=0.0, max_tokens=5)
+    outputs = run_to_completion(llm, {0: [_request(llm, "r", spec, temperature=0.0), free]})
+    assert outputs["r"][-1].finish_reason == "error" and outputs["r"][-1].error_param == "grammar"
+    assert "0xF1" in (outputs["r"][-1].error or "")
+    assert outputs["free"][-1].finish_reason == "length" and llm.structured.num_live == 0
+
+
 def test_preemption_by_recompute_keeps_each_matcher(llm):
     """20 blocks of 16 tokens cannot hold eight requests' KV: some are preempted and recomputed, and
     their constrained outputs equal the unpressured engine's."""

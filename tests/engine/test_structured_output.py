@@ -91,6 +91,27 @@ def test_a_token_the_grammar_forbids_is_an_error(manager, tokenizer):
     assert manager.accept("r", encode(tokenizer, "hello")[0]) == "error"
 
 
+def test_a_forbidden_token_is_the_engines_fault_not_the_requests(manager, tokenizer):
+    request = make_request("r", StructuredOutputs(json_object=True))
+    manager.validate(request.params.structured)
+    manager.prepare([Item(request)])
+    assert manager.accept("r", encode(tokenizer, "hello")[0]) == "error"
+    assert manager.failure("r") is None
+
+
+def test_a_grammar_needing_bytes_the_vocabulary_lacks_is_the_requests_fault(manager, tokenizer):
+    # SmolLM2 has no token for the UTF-8 lead byte 0xF1 (U+40000 to U+7FFFF), and llguidance's
+    # forced-text plan drops it: the mask then allows the next byte's token, which the grammar refuses.
+    request = make_request("r", StructuredOutputs(grammar="start: /\U00061db8/"))
+    manager.validate(request.params.structured)
+    manager.prepare([Item(request)])
+    (first,) = allowed(manager.mask("r"), len(tokenizer.get_vocab()))
+    assert manager.accept("r", first) == "error"
+    failure = manager.failure("r")
+    assert isinstance(failure, InvalidRequestError) and failure.param == "grammar"
+    assert "0xF1" in failure.message and "0xF2" in failure.message
+
+
 def test_matchers_are_per_request_and_dropped_on_remove(manager, tokenizer):
     spec = StructuredOutputs(json_schema=SCHEMA)
     manager.validate(spec)
