@@ -29,6 +29,7 @@ MAX_STOP_STRINGS = 16
 MAX_ABS_LOGIT_BIAS = 100.0
 MAX_ABS_PENALTY = 2.0  # presence and frequency, as OpenAI
 _MIN_GROUPS = 1024  # strided groups of the top-k bound: more is more selective, and as cheap
+_F32_MAX = float(np.finfo(np.float32).max)
 _NUCLEUS_WIDTHS = (64, 2048)  # candidate counts tried for top_p before a full sort
 _FLAT_DRAW_MAX = 4096  # wider rows are drawn from in two levels of _DRAW_BLOCK
 _DRAW_BLOCK = 128
@@ -265,7 +266,7 @@ def _apply_penalties(logits: np.ndarray, rows: list[SamplingRow]) -> None:
     output. Sparse: it touches only the (row, token) pairs that occur, as flat indices."""
     flat = logits.reshape(-1)  # a view: `logits` is our own contiguous copy
     vocab = logits.shape[1]
-    rep = np.array([r.params.repetition_penalty for r in rows], dtype=np.float32)
+    rep = np.array([r.params.repetition_penalty for r in rows]).clip(max=_F32_MAX).astype(np.float32)
     freq = np.array([r.params.frequency_penalty for r in rows], dtype=np.float32)
     presence = np.array([r.params.presence_penalty for r in rows], dtype=np.float32)
     output_rows = [i for i, r in enumerate(rows) if _has_penalty(r.params)]
@@ -275,10 +276,19 @@ def _apply_penalties(logits: np.ndarray, rows: list[SamplingRow]) -> None:
     if rep_rows:
         prompt_ids, _ = _flat_token_counts([rows[i].prompt_token_ids for i in rep_rows], rep_rows, vocab)
         seen = np.union1d(prompt_ids, out_ids)
-        penalty, vals = rep[seen // vocab], flat[seen]
-        flat[seen] = np.where(vals > 0, vals / penalty, vals * penalty)
+        flat[seen] = _repetition_penalized(flat[seen], rep[seen // vocab])
     row_of = out_ids // vocab
     flat[out_ids] -= freq[row_of] * out_counts + presence[row_of]
+
+
+def _repetition_penalized(vals: np.ndarray, penalty: np.ndarray) -> np.ndarray:
+    """vLLM's rule (divide a positive logit, multiply a negative one), kept finite: a penalty that
+    is 0 in float32 (5e-324) or tiny makes a logit overflow, and -inf times 0 is nan, which would
+    unmask a token the grammar forbids. So a masked logit stays -inf and an overflow is float32's max."""
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        out = np.where(vals > 0, vals / penalty, vals * penalty)
+    out[np.isneginf(vals)] = -np.inf
+    return np.nan_to_num(out, nan=0.0, posinf=_F32_MAX, neginf=-np.inf)
 
 
 def _flat_token_counts(

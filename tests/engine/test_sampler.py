@@ -92,6 +92,22 @@ def test_repetition_penalty_lowers_seen_tokens_positive_and_negative():
     assert Sampler().sample(mx.array(logits), rows).token_ids == [11, 21]
 
 
+@pytest.mark.parametrize("penalty", [5e-324, 1e-40, 1e30, 1e300])
+def test_an_extreme_repetition_penalty_keeps_masked_tokens_masked_and_logits_finite(penalty):
+    # 5e-324 is 0 in float32: -inf * 0 was nan, and a grammar-masked seen token won the argmax.
+    logits = np.zeros((2, 64), dtype=np.float32)
+    logits[:, 5], logits[:, 9], logits[:, 3] = 4.0, -1.0, 0.0
+    mask = np.packbits(np.isin(np.arange(64), [5, 9]).astype(np.uint8), bitorder="little").view(np.int32)
+    params = [
+        SamplingParams(temperature=0.0, repetition_penalty=penalty, logprobs=2),
+        SamplingParams(temperature=1.0, repetition_penalty=penalty, logprobs=2, top_p=0.5),
+    ]
+    rows = [SamplingRow(p, [3, 5, 9, 1], [], {EOS}, allowed_token_mask=mask) for p in params]
+    result = Sampler(0).sample(mx.array(logits), rows)
+    assert all(token in (5, 9) for token in result.token_ids)
+    assert all(np.isfinite(lp.logprob) for lp in result.logprobs if lp is not None)
+
+
 def test_frequency_and_presence_penalties_count_output_tokens_only():
     logits = np.zeros((3, 50), dtype=np.float32)
     logits[:, 7], logits[:, 8] = 3.0, 2.0
