@@ -151,8 +151,8 @@ class StructuredOutputManager:
         listed = ", ".join(f"0x{b:02X}" for b in self._unwritable)
         return InvalidRequestError(
             f"the output format asks for text this model cannot write: its vocabulary has no token "
-            f"for the bytes {listed}, so no character that needs one can be generated; allow other "
-            f"characters in {param}",
+            f"for the bytes {listed}, so no character that needs one can be generated; let the format "
+            "allow other characters",
             param,
         )
 
