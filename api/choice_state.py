@@ -69,11 +69,11 @@ class ChoiceState:
 
 
 def raise_if_failed(out: RequestOutput) -> None:
-    if out.finish_reason == "error" and out.error_param is not None:
-        raise ApiError(
-            400, out.error or "the request cannot be served", param=out.error_param, code="invalid_value"
-        )
     if out.finish_reason == "error":
+        if out.error_param is not None:  # the request's fault, found only while it ran
+            raise ApiError(
+                400, out.error or "the request cannot be served", param=out.error_param, code="invalid_value"
+            )
         raise ApiError(
             500, out.error or "the request failed in the engine", SERVER_ERROR, code="request_failed"
         )

@@ -75,7 +75,9 @@ class OutputProcessor:
         if reason is not None:
             request.finish_reason, request.stop_reason = reason, stop_reason
         broke = grammar_end == "error" and reason == "error"
-        failure = self.structured.failure(request.request_id) if broke and self.structured else None
+        failure = None
+        if broke and self.structured is not None and request.params.structured is not None:
+            failure = self.structured.failure(request.request_id, request.params.structured)
         output = self._output(request, token_ids, emitted, logprobs, reason, stop_reason)  # drops the matcher
         if broke:
             output.error = failure.message if failure else "the sampled token broke the request's grammar"

@@ -61,8 +61,7 @@ class StructuredOutputManager:
         self._lock = threading.Lock()  # guards the cache and the tokenizer: validate runs on any thread
         self._cache: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()  # pristine, never advanced
         self._matchers: dict[str, llguidance.LLMatcher] = {}
-        self._params: dict[str, str] = {}  # request id -> the parameter its grammar came from
-        self._failures: dict[str, InvalidRequestError] = {}
+        self._unwritable_hits: set[str] = set()  # requests whose grammar needed an unwritable byte
         self._unwritable = b""  # bytes no token contains, so no output can hold them
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks") if overlap else None
         self._executor = llguidance.LLExecutor(num_threads=1)
@@ -113,19 +112,21 @@ class StructuredOutputManager:
             logger.error("request %s: token %d rejected by its grammar: %s", request_id, token_id,
                          matcher.get_error())  # fmt: skip
             if self._unwritable and self._was_allowed(request_id, token_id):
-                self._failures[request_id] = self._unwritable_error(self._params[request_id])
+                self._unwritable_hits.add(request_id)
             return "error"
         return "stop" if matcher.is_stopped() else None
 
-    def failure(self, request_id: str) -> InvalidRequestError | None:
-        """After `accept` said "error": the request's own fault, when its grammar needs bytes this
-        vocabulary cannot write; None when the engine is to blame."""
-        return self._failures.pop(request_id, None)
+    def failure(self, request_id: str, spec: StructuredOutputs) -> InvalidRequestError | None:
+        """After `accept` said "error": the request's own fault, when its grammar (`spec`) needs bytes
+        this vocabulary cannot write; None when the engine is to blame."""
+        if request_id not in self._unwritable_hits:
+            return None
+        self._unwritable_hits.discard(request_id)
+        return self._unwritable_error(_grammar_param(spec))
 
     def remove(self, request_id: str) -> None:
         self._matchers.pop(request_id, None)
-        self._params.pop(request_id, None)
-        self._failures.pop(request_id, None)
+        self._unwritable_hits.discard(request_id)
 
     @property
     def num_live(self) -> int:
@@ -137,7 +138,6 @@ class StructuredOutputManager:
         matcher = self._matchers.get(request_id)
         if matcher is None:
             matcher = self._matchers[request_id] = self._compiled(spec).deep_copy()
-            self._params[request_id] = _grammar_param(spec)
         return matcher
 
     def _was_allowed(self, request_id: str, token_id: int) -> bool:
