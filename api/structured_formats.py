@@ -40,8 +40,9 @@ def openai_structured(req: _OpenAIFormats) -> StructuredOutputs | None:
     if given[0] == "guided_json":
         return _schema_outputs(_json_schema(req.guided_json), "guided_json", required=True)
     if given[0] == "guided_regex":
-        return StructuredOutputs(grammar=f"start: /{llguidance.regex_to_lark(req.guided_regex or '')}/")
-    return StructuredOutputs(grammar=_choice_grammar(req.guided_choice or []))
+        regex = llguidance.regex_to_lark(req.guided_regex or "")
+        return StructuredOutputs(grammar=f"start: /{regex}/", param="guided_regex")
+    return StructuredOutputs(grammar=_choice_grammar(req.guided_choice or []), param="guided_choice")
 
 
 def _json_schema(value: dict[str, Any] | str | None) -> Any:
@@ -71,7 +72,7 @@ def openai_response_format(
     if kind == "text":
         return None
     if kind == "json_object":
-        return StructuredOutputs(json_object=True)
+        return StructuredOutputs(json_object=True, param=param)
     if kind == "json_schema":
         spec = fmt.get("json_schema")
         if not isinstance(spec, dict):
@@ -91,7 +92,7 @@ def responses_text_format(fmt: dict[str, Any] | None) -> StructuredOutputs | Non
     if fmt is None or fmt.get("type") == "text":
         return None
     if fmt.get("type") == "json_object":
-        return StructuredOutputs(json_object=True)
+        return StructuredOutputs(json_object=True, param="text.format")
     if fmt.get("type") == "json_schema":
         return _schema_outputs(fmt.get("schema"), "text.format.schema")
     raise invalid(
@@ -123,8 +124,10 @@ def anthropic_output_format(
 
 
 def _schema_outputs(schema: Any, param: str, required: bool = False) -> StructuredOutputs:
+    """`param`: where the schema is in the request; the engine's errors about it name this."""
     if schema is None and not required:
-        return StructuredOutputs(json_object=True)  # a json_schema format without a schema: any JSON object
+        # A json_schema format without a schema: any JSON object.
+        return StructuredOutputs(json_object=True, param=param)
     if not isinstance(schema, dict):
         raise invalid(param, f"the JSON schema must be an object; got {type(schema).__name__}")
-    return StructuredOutputs(json_schema=schema)
+    return StructuredOutputs(json_schema=schema, param=param)

@@ -68,4 +68,6 @@ def apply(choice: ToolChoice, parsing: OutputParsing, params: SamplingParams, pa
         return
     if params.structured is not None:
         raise unsupported(param, "a forced tool call cannot be combined with a structured output format")
-    params.structured = StructuredOutputs(grammar=fmt.grammar(choice.callable_tools(), choice.parallel))
+    params.structured = StructuredOutputs(
+        grammar=fmt.grammar(choice.callable_tools(), choice.parallel), param="tools"
+    )

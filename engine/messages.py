@@ -22,6 +22,9 @@ class StructuredOutputs:
     json_schema: dict[str, Any] | None = None
     json_object: bool = False
     grammar: str | None = None  # a Lark grammar in llguidance's dialect; it may embed %json{...} schemas
+    # The request field it came from ("text.format", "guided_regex", ...): errors about it name this.
+    # None: "grammar" for a grammar, else "response_format".
+    param: str | None = None
 
 
 @dataclass

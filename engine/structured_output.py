@@ -170,7 +170,7 @@ class StructuredOutputManager:
             if (hit := self._cache.get(key)) is not None:
                 self._cache.move_to_end(key)
                 return hit
-            tokenizer = self._tokenizer()
+            tokenizer = self._tokenizer(param)
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)  # drops the GIL while compiling
         if matcher.is_error():
             raise InvalidRequestError(f"invalid {_what(spec)}: {matcher.get_error()}", param)
@@ -180,14 +180,15 @@ class StructuredOutputManager:
                 self._cache.popitem(last=False)
         return matcher
 
-    def _tokenizer(self) -> llguidance.LLTokenizer:
+    def _tokenizer(self, param: str = "response_format") -> llguidance.LLTokenizer:
+        """`param`: the field a request's error names if this model's tokenizer cannot be used."""
         if self._llg_tokenizer is None:
             try:
                 tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer, eos_token=self._eos_token_ids)
             except ValueError as exc:
                 raise InvalidRequestError(
                     f"structured output needs a fast (Rust) Hugging Face tokenizer; this model's: {exc}",
-                    "response_format",
+                    param,
                 ) from exc
             written = set(tokenizer.decode_bytes(list(range(tokenizer.vocab_size))))
             self._unwritable = bytes(sorted(set(range(256)) - written))
@@ -201,26 +202,27 @@ def _grammar(spec: StructuredOutputs) -> tuple[str, str, str]:
     if len(chosen) != 1:
         raise InvalidRequestError(
             f"structured output takes exactly one of json_schema, json_object, grammar; got {chosen or 'none'}",
-            "response_format",
+            spec.param or "response_format",
         )
+    param = _grammar_param(spec)
     if spec.grammar is not None:
         if not isinstance(spec.grammar, str) or not spec.grammar.strip():
-            raise InvalidRequestError("the grammar must be a non-empty Lark string", "grammar")
-        return "lark:" + spec.grammar, llguidance.LLMatcher.grammar_from_lark(spec.grammar), "grammar"
+            raise InvalidRequestError("the grammar must be a non-empty Lark string", param)
+        return "lark:" + spec.grammar, llguidance.LLMatcher.grammar_from_lark(spec.grammar), param
     schema = ANY_JSON_OBJECT if spec.json_object else spec.json_schema
     if not isinstance(schema, dict):
-        raise InvalidRequestError(
-            f"a JSON schema must be an object; got {type(schema).__name__}", "response_format"
-        )
+        raise InvalidRequestError(f"a JSON schema must be an object; got {type(schema).__name__}", param)
     try:
         text = json.dumps(schema, allow_nan=False)  # key order kept: properties are generated in it
         grammar = llguidance.LLMatcher.grammar_from_json_schema(text, defaults=JSON_OPTIONS)
     except (TypeError, ValueError) as exc:
-        raise InvalidRequestError(f"invalid JSON schema: {exc}", "response_format") from exc
-    return "json:" + text, grammar, "response_format"
+        raise InvalidRequestError(f"invalid JSON schema: {exc}", param) from exc
+    return "json:" + text, grammar, param
 
 
 def _grammar_param(spec: StructuredOutputs) -> str:
+    if spec.param is not None:
+        return spec.param
     return "grammar" if spec.grammar is not None else "response_format"
 
 

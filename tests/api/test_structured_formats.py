@@ -23,24 +23,34 @@ SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required"
 def test_openai_formats():
     assert openai_response_format(None) is None
     assert openai_response_format({"type": "text"}) is None
-    assert openai_response_format({"type": "json_object"}) == StructuredOutputs(json_object=True)
+    assert openai_response_format({"type": "json_object"}) == StructuredOutputs(
+        json_object=True, param="response_format"
+    )
     fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA, "strict": True}}
-    assert openai_response_format(fmt) == StructuredOutputs(json_schema=SCHEMA)
+    assert openai_response_format(fmt) == StructuredOutputs(
+        json_schema=SCHEMA, param="response_format.json_schema.schema"
+    )
     # OpenAI's schema field is optional: without it any JSON object is produced.
     assert openai_response_format({"type": "json_schema", "json_schema": {"name": "x"}}).json_object
 
 
 def test_responses_formats_are_flat():
     fmt = {"type": "json_schema", "name": "x", "schema": SCHEMA, "strict": True}
-    assert responses_text_format(fmt) == StructuredOutputs(json_schema=SCHEMA)
-    assert responses_text_format({"type": "json_object"}) == StructuredOutputs(json_object=True)
+    assert responses_text_format(fmt) == StructuredOutputs(json_schema=SCHEMA, param="text.format.schema")
+    assert responses_text_format({"type": "json_object"}) == StructuredOutputs(
+        json_object=True, param="text.format"
+    )
     assert responses_text_format({"type": "text"}) is None
 
 
 def test_anthropic_formats_in_either_place():
     fmt = {"type": "json_schema", "schema": SCHEMA}
-    assert anthropic_output_format({"format": fmt}, None) == StructuredOutputs(json_schema=SCHEMA)
-    assert anthropic_output_format(None, fmt) == StructuredOutputs(json_schema=SCHEMA)
+    assert anthropic_output_format({"format": fmt}, None) == StructuredOutputs(
+        json_schema=SCHEMA, param="output_config.format.schema"
+    )
+    assert anthropic_output_format(None, fmt) == StructuredOutputs(
+        json_schema=SCHEMA, param="output_format.schema"
+    )
     assert anthropic_output_format({"effort": None}, None) is None
     assert anthropic_output_format(None, None) is None
 
@@ -82,11 +92,14 @@ def chat(**fields) -> ChatCompletionRequest:
 
 
 def test_vllm_guided_extras():
-    assert openai_structured(chat(guided_json=SCHEMA)) == StructuredOutputs(json_schema=SCHEMA)
-    assert openai_structured(chat(guided_json=json.dumps(SCHEMA))) == StructuredOutputs(json_schema=SCHEMA)
-    assert openai_structured(chat(guided_regex=r"\d+/x")).grammar == r"start: /\d+\/x/"
-    assert (
-        openai_structured(chat(guided_choice=['say "yes"', "no"])).grammar == r'start: "say \"yes\"" | "no"'
+    expected = StructuredOutputs(json_schema=SCHEMA, param="guided_json")
+    assert openai_structured(chat(guided_json=SCHEMA)) == expected
+    assert openai_structured(chat(guided_json=json.dumps(SCHEMA))) == expected
+    assert openai_structured(chat(guided_regex=r"\d+/x")) == StructuredOutputs(
+        grammar=r"start: /\d+\/x/", param="guided_regex"
+    )
+    assert openai_structured(chat(guided_choice=['say "yes"', "no"])) == StructuredOutputs(
+        grammar=r'start: "say \"yes\"" | "no"', param="guided_choice"
     )
     assert openai_structured(chat(response_format={"type": "text"}, guided_choice=["a"])).grammar
     assert openai_structured(chat()) is None

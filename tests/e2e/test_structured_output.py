@@ -142,7 +142,7 @@ def test_a_regex_the_model_cannot_write_is_a_400_and_the_server_goes_on(client):
         client.completions.create(
             model=MODEL, prompt="5", max_tokens=8, extra_body={"guided_regex": "\U00061db8"}
         )
-    assert err.value.body["param"] == "grammar" and "0xF1" in err.value.body["message"]
+    assert err.value.body["param"] == "guided_regex" and "0xF1" in err.value.body["message"]
     ok = client.completions.create(model=MODEL, prompt="5", max_tokens=8, extra_body={"guided_regex": "ab"})
     assert ok.choices[0].text == "ab"
 
@@ -161,7 +161,7 @@ def test_responses_text_format_json_schema(client):
 @pytest.mark.parametrize(
     "fmt, param",
     [
-        (response_format({"type": "objekt"}), "response_format"),
+        (response_format({"type": "objekt"}), "response_format.json_schema.schema"),  # found by the engine
         ({"type": "json_schema"}, "response_format.json_schema"),
         ({"type": "xml"}, "response_format.type"),
     ],
@@ -209,6 +209,14 @@ def test_anthropic_parse_fills_a_pydantic_model(claude):
         model=MODEL, messages=ASK, max_tokens=200, output_format=Person, extra_body={"temperature": 0}
     )
     assert isinstance(message.parsed_output, Person)
+
+
+def test_a_bad_responses_schema_is_a_400_naming_text_format(client):
+    # The schema is well-formed JSON; only the engine's grammar compiler finds it invalid.
+    fmt = {"type": "json_schema", "name": "x", "schema": {"type": "objekt"}, "strict": True}
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model=MODEL, input="hi", max_output_tokens=5, text={"format": fmt})
+    assert err.value.body["param"] == "text.format.schema"
 
 
 def test_anthropic_bad_schema_is_a_400(claude):

@@ -147,6 +147,13 @@ def test_a_lark_grammar_may_embed_a_json_schema(manager, tokenizer):
         (StructuredOutputs(json_object=True, grammar="start: /a/"), "response_format"),
         (StructuredOutputs(grammar="start: undefined_rule"), "grammar"),
         (StructuredOutputs(grammar="   "), "grammar"),
+        # A spec that names the request field it came from is blamed by that name.
+        (
+            StructuredOutputs(json_schema={"type": "no-such-type"}, param="text.format.schema"),
+            "text.format.schema",
+        ),
+        (StructuredOutputs(grammar="start: undefined_rule", param="guided_regex"), "guided_regex"),
+        (StructuredOutputs(json_object=True, grammar="start: /a/", param="tools"), "tools"),
     ],
 )
 def test_a_bad_spec_is_an_invalid_request_naming_the_param(tokenizer, spec, param):
