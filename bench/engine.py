@@ -3,6 +3,7 @@
     python bench/engine.py [--out bench/results/engine.json] [--max-tokens 64] [--rounds 3]
     python bench/engine.py --attention-ab --out bench/results/engine_attention.json
     python bench/engine.py --steady-state 12 --out bench/results/engine_steady.json
+    OPENBLAS_NUM_THREADS=2 python bench/engine.py --prefill-ab --out bench/results/engine_prefill_pairs.json
 
 Rows: aggregate decode tokens/s at 1, 8, 32 sequences vs mlx-lm's BatchGenerator (same prompts,
 same weights, EOS ignored); single-stream decode vs mlx_lm's generate_step; KV memory used by live
@@ -11,6 +12,8 @@ of a request sharing a 1,000-token prefix vs cold; matmul GFLOP/s and decode wit
 vs OpenBLAS (a subprocess each, since BLAS is chosen when the process loads MLX).
 `--steady-state N`: N waves of 16 fresh requests through one engine until its prefix cache fills
 the pool, with the share of batched decode steps whose attention reads K/V in place per wave.
+`--prefill-ab`: the prefill of 16 ~200-token prompts that share a 32-token prefix (as chat prompts
+share a template's system prompt), chunks paired on two streams (engine/paired_prefill.py) or not.
 """
 
 from __future__ import annotations
@@ -209,6 +212,36 @@ def attention_ab(llm: LLMEngine, max_tokens: int, rounds: int) -> list[dict]:
     return rows
 
 
+def prefill_ab(llm: LLMEngine, rounds: int) -> dict:
+    """Seconds to prefill 16 fresh prompts (one token out each), paired and not, alternating; each
+    round's prompts are new past their shared prefix, so only that prefix is ever cached."""
+    paired = llm.runner.paired
+    assert paired is not None, "paired prefill is off here (not the CPU backend, or no OpenBLAS)"
+    shared = llm.tokenizer.encode("You are a helpful assistant who tells stories to whoever asks for one.")
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    results: dict[str, list[float]] = {"paired": [], "one_at_a_time": []}
+    print("| round | paired s | one at a time s |\n|---|---|---|")
+    for r in range(rounds + 1):  # round 0 warms both up and is not counted
+        for mode in ("paired", "one_at_a_time") if r % 2 else ("one_at_a_time", "paired"):
+            llm.runner.paired = paired if mode == "paired" else None
+            batch = [
+                shared + llm.tokenizer.encode(f" {mode} round {r}.") + ids for ids in prompts(llm, 16, 150)
+            ]
+            start = time.perf_counter()
+            for i, ids in enumerate(batch):
+                llm.add_request(GenerateRequest(f"p{time.monotonic_ns()}-{i}", ids, params))
+            while llm.has_unfinished_requests():
+                llm.step()
+            if r:
+                results[mode].append(time.perf_counter() - start)
+        if r:
+            print(f"| {r} | {results['paired'][-1]:.2f} | {results['one_at_a_time'][-1]:.2f} |", flush=True)
+    llm.runner.paired = paired
+    medians = {mode: statistics.median(v) for mode, v in results.items()}
+    print(f"medians: paired {medians['paired']:.2f} s, one at a time {medians['one_at_a_time']:.2f} s")
+    return {"prompt_tokens": [len(ids) for ids in batch], "runs_s": results, "median_s": medians}
+
+
 def steady_state(llm: LLMEngine, waves: int) -> list[dict]:
     """Waves of 16 requests (~200-token prompts, 128 tokens, a new one as each ends) through one
     engine: once finished requests' cached prefixes fill the pool, new requests get blocks among
@@ -262,6 +295,7 @@ def main() -> None:
     ap.add_argument(
         "--attention-ab", action="store_true", help="only compare in-place and gathered attention"
     )
+    ap.add_argument("--prefill-ab", action="store_true", help="only compare paired and unpaired prefill")
     ap.add_argument(
         "--steady-state", type=int, default=0, metavar="WAVES", help="only the steady-state waves"
     )
@@ -273,6 +307,12 @@ def main() -> None:
         Path(args.out).write_text(
             json.dumps({"machine": f"{platform.machine()} {os.cpu_count()} cores", "waves": rows}, indent=2)
         )
+        return
+    if args.prefill_ab:
+        result = prefill_ab(llm, args.rounds)
+        result |= {"machine": f"{platform.machine()} {os.cpu_count()} cores", "blas": blas_state().reason}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2))
         return
     if args.attention_ab:
         rows = attention_ab(llm, args.max_tokens, args.rounds)

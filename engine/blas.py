@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,3 +134,22 @@ def _load_openblas() -> BlasState:
 
 def blas_state() -> BlasState:
     return load_fast_blas()
+
+
+def blas_thread_setter() -> Callable[[int], int] | None:
+    """Sets OpenBLAS's thread count for later calls and returns the previous count; None where
+    OpenBLAS is not the loaded BLAS. Call it only while no matmul is running."""
+    state = blas_state()
+    if state.name != "openblas" or state.path is None:
+        return None
+    lib = ctypes.CDLL(state.path)
+    get, put = lib.openblas_get_num_threads, lib.openblas_set_num_threads
+    get.restype, put.argtypes = ctypes.c_int, [ctypes.c_int]
+
+    def set_threads(num_threads: int) -> int:
+        previous = get()
+        if num_threads != previous:
+            put(num_threads)
+        return previous
+
+    return set_threads

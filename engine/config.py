@@ -72,6 +72,15 @@ class EngineConfig(BaseModel):
         ),
     )
 
+    paired_prefill: bool | None = Field(
+        None,
+        description=(
+            "Two fresh prefill chunks of a step run at once, layer by layer on two MLX CPU streams with one "
+            "BLAS thread each (engine/paired_prefill.py). None: on for MLX's CPU backend where OpenBLAS is "
+            "loaded and the model's layer loop checks out at load; False: one chunk at a time."
+        ),
+    )
+
     @model_validator(mode="after")
     def _check_budget(self) -> EngineConfig:
         if self.max_num_batched_tokens < self.block_size:

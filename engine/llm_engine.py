@@ -51,7 +51,9 @@ class LLMEngine:
         self.pool = BlockPool(num_blocks)
         self.kv = KVCacheManager(self.pool, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
-        self.runner = ModelRunner(loaded.model, self.storage, config.kv_in_place, config.cpu_math)
+        self.runner = ModelRunner(
+            loaded.model, self.storage, config.kv_in_place, config.cpu_math, config.paired_prefill
+        )
         self.sampler = Sampler(config.seed)
         self.structured = StructuredOutputManager(loaded.tokenizer)
         self.outputs = OutputProcessor(loaded.tokenizer, self.eos_token_ids, self.structured)

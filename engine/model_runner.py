@@ -11,14 +11,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine import activation_hook, attention_hook
+from engine.blas import blas_thread_setter
 from engine.decode_graph import make_decode_graph
 from engine.model_head import split_head
 from engine.paged_attention import KVStorage, LayerShape, PagedLayerCache, StepLayout
+from engine.paired_prefill import make_paired_prefill
 from engine.scheduler import ScheduledRequest, SchedulerPlan
 from engine.vision_model import model_inputs
 
 import mlx.core as mx
 from mlx import nn
+
+# Paired prefill chunks are at least this close in length (engine/paired_prefill.py).
+MIN_PAIR_RATIO = 0.5
 
 
 class UnsupportedModelError(ValueError):
@@ -77,6 +82,7 @@ class ModelRunner:
         storage: KVStorage,
         kv_in_place: bool | None = None,
         cpu_math: bool | None = None,
+        paired_prefill: bool | None = None,
     ):
         self.model = model
         self.storage = storage
@@ -105,27 +111,74 @@ class ModelRunner:
         # model's own call computes them for every token. None for VLMs too (no `model` backbone),
         # whose prefill needs the extra inputs of `model_inputs`.
         self.head = split_head(model)
+        # On the CPU, two fresh prefill chunks of a step run at once on two streams
+        # (engine/paired_prefill.py); it needs the head split to take their last rows.
+        pair = paired_prefill if paired_prefill is not None else on_cpu
+        self.paired = make_paired_prefill(model, blas_thread_setter()) if pair and self.head else None
 
     def execute(self, plan: SchedulerPlan, pending: DeviceTokens | None = None) -> StepLogits:
         decode = [s for s in plan.scheduled if s.num_new_tokens == 1]
         prefill = [s for s in plan.scheduled if s.num_new_tokens > 1]
         items: list[ScheduledRequest] = []
         rows: list[mx.array] = []
+        pairs, singles = self._pair(prefill)
+        for pair in pairs:  # before anything else is launched: it changes the BLAS thread count
+            for item, logits in zip(pair, self._forward_pair(pair)):
+                if item.needs_sample:
+                    items.append(item)
+                    rows.append(logits[:, -1, :])
         if decode:
             logits = self._forward(decode, 1, self._decode_inputs(decode, pending))[:, -1, :]
             keep = [i for i, s in enumerate(decode) if s.needs_sample]
             items += [decode[i] for i in keep]
             if keep:  # mx.array([]) is float32, and a float index array fails the whole step
                 rows.append(logits if len(keep) == len(decode) else logits[mx.array(keep, dtype=mx.int32)])
-        for item in prefill:
-            ids = item.request.all_token_ids[item.start : item.start + item.num_new_tokens]
-            assert len(ids) == item.num_new_tokens, "only a decode row's input may be pending"
-            logits = self._forward([item], item.num_new_tokens, mx.array([ids], dtype=mx.int32))
+        for item in singles:
+            logits = self._forward([item], item.num_new_tokens, self._chunk_tokens(item))
             if item.needs_sample:
                 items.append(item)
                 rows.append(logits[:, -1, :])
         logits = mx.concatenate(rows).astype(mx.float32) if rows else mx.zeros((0, 1))
         return StepLogits(items, logits)
+
+    def _pair(
+        self, prefill: list[ScheduledRequest]
+    ) -> tuple[list[tuple[ScheduledRequest, ScheduledRequest]], list[ScheduledRequest]]:
+        """Chunks of similar length two by two; the rest one by one. A short partner would leave
+        the long chunk alone on one BLAS thread, slower than two."""
+        if self.paired is None:
+            return [], prefill
+        return pair_chunks(prefill)
+
+    def _forward_pair(self, pair: tuple[ScheduledRequest, ScheduledRequest]) -> list[mx.array]:
+        assert self.paired is not None and self.head is not None
+        tokens = [self._chunk_tokens(item) for item in pair]
+        caches = [self._caches([item], item.num_new_tokens, defer_writes=True) for item in pair]
+        mx.synchronize()  # no matmul may run on the default stream while the thread count changes
+        hidden = self.paired.hidden(tokens, caches)
+        # The pools are written only now, from this thread's stream: two streams writing one pool
+        # would each make the other's write copy it.
+        for layer_caches in caches:
+            for cache in layer_caches:
+                cache.write_deferred()
+        mx.async_eval(*self.storage.arrays())
+        return [self.head(h[:, -1:, :]) for h in hidden]
+
+    @staticmethod
+    def _chunk_tokens(item: ScheduledRequest) -> mx.array:
+        ids = item.request.all_token_ids[item.start : item.start + item.num_new_tokens]
+        assert len(ids) == item.num_new_tokens, "only a decode row's input may be pending"
+        return mx.array([ids], dtype=mx.int32)
+
+    def _caches(
+        self, chunk: list[ScheduledRequest], num_new: int, defer_writes: bool = False
+    ) -> list[PagedLayerCache]:
+        tables = [s.request.block_ids[: -(-(s.start + num_new) // self.block_size)] for s in chunk]
+        starts = [s.start for s in chunk]
+        layout = StepLayout(
+            starts, num_new, tables, self.block_size, self.pool_tokens, self.cpu_math, defer_writes
+        )
+        return [PagedLayerCache(self.storage, i, layout) for i in range(len(self.storage.shapes))]
 
     @staticmethod
     def _decode_inputs(decode: list[ScheduledRequest], pending: DeviceTokens | None) -> mx.array:
@@ -144,13 +197,11 @@ class ModelRunner:
         return mx.where(is_known, mx.array([t or 0 for t in known], dtype=mx.int32), from_device)[:, None]
 
     def _forward(self, chunk: list[ScheduledRequest], num_new: int, tokens: mx.array) -> mx.array:
-        tables = [s.request.block_ids[: -(-(s.start + num_new) // self.block_size)] for s in chunk]
         if num_new == 1 and self.decode_graph is not None:
+            tables = [s.request.block_ids[: -(-(s.start + 1) // self.block_size)] for s in chunk]
             logits = self.decode_graph(tokens[:, 0], [s.start for s in chunk], tables)[:, None, :]
         else:
-            starts = [s.start for s in chunk]
-            layout = StepLayout(starts, num_new, tables, self.block_size, self.pool_tokens, self.cpu_math)
-            caches = [PagedLayerCache(self.storage, i, layout) for i in range(len(self.storage.shapes))]
+            caches = self._caches(chunk, num_new)
             if num_new > 1 and self.head is not None:
                 hidden = self.model.model(tokens, cache=caches)
                 logits = self.head(hidden[:, -1:, :])
@@ -161,3 +212,19 @@ class ModelRunner:
         to_eval = [logits] if chunk[0].needs_sample or num_new == 1 else []
         mx.async_eval(*to_eval, *self.storage.arrays())
         return logits
+
+
+def pair_chunks(
+    prefill: list[ScheduledRequest],
+) -> tuple[list[tuple[ScheduledRequest, ScheduledRequest]], list[ScheduledRequest]]:
+    """Longest first, each chunk with the next longest when within MIN_PAIR_RATIO of its length;
+    (pairs, the chunks left over)."""
+    left = sorted(prefill, key=lambda s: -s.num_new_tokens)
+    pairs, singles = [], []
+    while left:
+        first = left.pop(0)
+        if left and left[0].num_new_tokens >= MIN_PAIR_RATIO * first.num_new_tokens:
+            pairs.append((first, left.pop(0)))
+        else:
+            singles.append(first)
+    return pairs, singles

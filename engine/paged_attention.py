@@ -66,6 +66,7 @@ class StepLayout:
         block_size: int,
         pool_tokens: int | None = None,
         cpu_math: bool = False,
+        defer_writes: bool = False,
     ):
         """`pool_tokens` (tokens per head in a pool) where attention may read the pools in place
         (engine/window_attention.py; the model's attention is hooked), None to always gather.
@@ -95,6 +96,13 @@ class StepLayout:
         self.single_slot = divmod(slots[0], block_size) if len(slots) == 1 else None
         consecutive = self.batch == 1 and table == list(range(table[0], table[0] + len(table)))
         self.block_run = (table[0], len(table)) if consecutive else None
+        # A prompt's first chunk with no cached prefix: its context is exactly its own new K/V.
+        self.fresh = self.batch == 1 and offsets[0] == 0
+        # One row that must not write the pools during its forward (engine/paired_prefill.py: two
+        # streams run at once): each layer reads the row's cached prefix and keeps its new K/V here
+        # as (layer, keys, values) for `write_deferred` once the forward is evaluated.
+        assert not defer_writes or self.batch == 1
+        self.deferred_writes: list[tuple[int, mx.array, mx.array]] | None = [] if defer_writes else None
         self.windows: WindowPlan | None = None
         if pool_tokens is not None and num_new == 1 and self.batch > 1:
             self.windows = plan_windows([o + 1 for o in offsets], block_tables, block_size, pool_tokens)
@@ -166,9 +174,19 @@ class PagedLayerCache:
         if self.layout.launch_per_layer:
             # Start the device on everything up to this layer while Python builds the rest.
             mx.async_eval(keys, values)
+        if self.layout.deferred_writes is not None:
+            self.layout.deferred_writes.append((self.layer, keys, values))
+            if self.layout.fresh:
+                return keys, values
+            prefix_len = self.layout.offset
+            k_prefix = self._context(self.storage.keys[self.layer], prefix_len)
+            v_prefix = self._context(self.storage.values[self.layer], prefix_len)
+            return mx.concatenate([k_prefix, keys], axis=2), mx.concatenate([v_prefix, values], axis=2)
         k_pool, v_pool = self._write(self.storage.keys, keys), self._write(self.storage.values, values)
         if self.deferred:
             return k_pool, v_pool
+        if self.layout.fresh:  # no read of the pool: engine/paired_prefill.py writes it from two streams
+            return keys, values
         return self._context(k_pool), self._context(v_pool)
 
     def paged_attention(
@@ -199,7 +217,17 @@ class PagedLayerCache:
         pools[self.layer] = pool
         return pool
 
-    def _context(self, pool: mx.array) -> mx.array:
+    def write_deferred(self) -> None:
+        """Writes the K/V that this layer's forward kept back (StepLayout's `defer_writes`)."""
+        assert self.layout.deferred_writes is not None
+        for layer, keys, values in self.layout.deferred_writes:
+            if layer == self.layer:
+                self._write(self.storage.keys, keys)
+                self._write(self.storage.values, values)
+
+    def _context(self, pool: mx.array, length: int | None = None) -> mx.array:
+        """Each row's context (B, heads, ctx, dim); one row's is cut to `length` tokens (default:
+        all it has, the new ones included)."""
         heads, num_blocks, block_size, dim = pool.shape
         layout = self.layout
         if layout.block_run is not None:
@@ -210,7 +238,9 @@ class PagedLayerCache:
             _, read_rows = layout.rows(heads, num_blocks)
             context = mx.take(pool.reshape(heads * num_blocks, block_size * dim), read_rows, axis=0)
             context = context.reshape(layout.batch, heads, -1, dim)
-        return context if layout.batch > 1 else context[:, :, : layout.ctx_len]
+        if layout.batch > 1:
+            return context
+        return context[:, :, : (layout.ctx_len if length is None else length)]
 
     def make_mask(
         self, N: int, return_array: bool = False, window_size: int | None = None
