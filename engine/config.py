@@ -75,9 +75,9 @@ class EngineConfig(BaseModel):
     paired_prefill: bool | None = Field(
         None,
         description=(
-            "Two fresh prefill chunks of a step run at once, layer by layer on two MLX CPU streams with one "
-            "BLAS thread each (engine/paired_prefill.py). None: on for MLX's CPU backend where OpenBLAS is "
-            "loaded and the model's layer loop checks out at load; False: one chunk at a time."
+            "A step's prefill chunks of similar length run two at a time, layer by layer on two MLX CPU "
+            "streams with one BLAS thread each (engine/paired_prefill.py). None: on for MLX's CPU backend "
+            "where OpenBLAS is loaded and the model's layer loop checks out at load; False: one at a time."
         ),
     )
 

@@ -111,7 +111,7 @@ class ModelRunner:
         # model's own call computes them for every token. None for VLMs too (no `model` backbone),
         # whose prefill needs the extra inputs of `model_inputs`.
         self.head = split_head(model)
-        # On the CPU, two fresh prefill chunks of a step run at once on two streams
+        # On the CPU, a step's prefill chunks run two at a time on two streams
         # (engine/paired_prefill.py); it needs the head split to take their last rows.
         pair = paired_prefill if paired_prefill is not None else on_cpu
         self.paired = make_paired_prefill(model, blas_thread_setter()) if pair and self.head else None
@@ -121,7 +121,9 @@ class ModelRunner:
         prefill = [s for s in plan.scheduled if s.num_new_tokens > 1]
         items: list[ScheduledRequest] = []
         rows: list[mx.array] = []
-        pairs, singles = self._pair(prefill)
+        # Chunks of similar length two by two (a short partner would leave the long chunk alone
+        # on one BLAS thread, slower than two); the rest one by one.
+        pairs, singles = pair_chunks(prefill) if self.paired is not None else ([], prefill)
         for pair in pairs:  # before anything else is launched: it changes the BLAS thread count
             for item, logits in zip(pair, self._forward_pair(pair)):
                 if item.needs_sample:
@@ -140,15 +142,6 @@ class ModelRunner:
                 rows.append(logits[:, -1, :])
         logits = mx.concatenate(rows).astype(mx.float32) if rows else mx.zeros((0, 1))
         return StepLogits(items, logits)
-
-    def _pair(
-        self, prefill: list[ScheduledRequest]
-    ) -> tuple[list[tuple[ScheduledRequest, ScheduledRequest]], list[ScheduledRequest]]:
-        """Chunks of similar length two by two; the rest one by one. A short partner would leave
-        the long chunk alone on one BLAS thread, slower than two."""
-        if self.paired is None:
-            return [], prefill
-        return pair_chunks(prefill)
 
     def _forward_pair(self, pair: tuple[ScheduledRequest, ScheduledRequest]) -> list[mx.array]:
         assert self.paired is not None and self.head is not None

@@ -99,10 +99,9 @@ class StepLayout:
         # A prompt's first chunk with no cached prefix: its context is exactly its own new K/V.
         self.fresh = self.batch == 1 and offsets[0] == 0
         # One row that must not write the pools during its forward (engine/paired_prefill.py: two
-        # streams run at once): each layer reads the row's cached prefix and keeps its new K/V here
-        # as (layer, keys, values) for `write_deferred` once the forward is evaluated.
+        # streams run at once): each layer's cache keeps its new K/V for `write_deferred`.
         assert not defer_writes or self.batch == 1
-        self.deferred_writes: list[tuple[int, mx.array, mx.array]] | None = [] if defer_writes else None
+        self.defer_writes = defer_writes
         self.windows: WindowPlan | None = None
         if pool_tokens is not None and num_new == 1 and self.batch > 1:
             self.windows = plan_windows([o + 1 for o in offsets], block_tables, block_size, pool_tokens)
@@ -153,6 +152,7 @@ class PagedLayerCache:
         self.storage = storage
         self.layer = layer
         self.layout = layout
+        self._kept: tuple[mx.array, mx.array] | None = None  # K/V held back by `defer_writes`
 
     @property
     def offset(self) -> int | mx.array:
@@ -174,10 +174,11 @@ class PagedLayerCache:
         if self.layout.launch_per_layer:
             # Start the device on everything up to this layer while Python builds the rest.
             mx.async_eval(keys, values)
-        if self.layout.deferred_writes is not None:
-            self.layout.deferred_writes.append((self.layer, keys, values))
+        if self.layout.defer_writes:
+            self._kept = (keys, values)
             if self.layout.fresh:
                 return keys, values
+            # The pools hold the cached prefix only: read it, then add the new K/V.
             prefix_len = self.layout.offset
             k_prefix = self._context(self.storage.keys[self.layer], prefix_len)
             v_prefix = self._context(self.storage.values[self.layer], prefix_len)
@@ -185,7 +186,7 @@ class PagedLayerCache:
         k_pool, v_pool = self._write(self.storage.keys, keys), self._write(self.storage.values, values)
         if self.deferred:
             return k_pool, v_pool
-        if self.layout.fresh:  # no read of the pool: engine/paired_prefill.py writes it from two streams
+        if self.layout.fresh:  # its context is exactly its new K/V: no need to read them back
             return keys, values
         return self._context(k_pool), self._context(v_pool)
 
@@ -219,11 +220,10 @@ class PagedLayerCache:
 
     def write_deferred(self) -> None:
         """Writes the K/V that this layer's forward kept back (StepLayout's `defer_writes`)."""
-        assert self.layout.deferred_writes is not None
-        for layer, keys, values in self.layout.deferred_writes:
-            if layer == self.layer:
-                self._write(self.storage.keys, keys)
-                self._write(self.storage.values, values)
+        assert self._kept is not None, "update_and_fetch kept nothing back"
+        (keys, values), self._kept = self._kept, None
+        self._write(self.storage.keys, keys)
+        self._write(self.storage.values, values)
 
     def _context(self, pool: mx.array, length: int | None = None) -> mx.array:
         """Each row's context (B, heads, ctx, dim); one row's is cut to `length` tokens (default:

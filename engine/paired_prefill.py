@@ -1,5 +1,5 @@
-"""Runs two fresh prefill chunks at once on MLX's CPU backend: layer by layer, alternating between
-two MLX streams, each stream's matmuls on one BLAS thread.
+"""Runs two prefill chunks at once on MLX's CPU backend: layer by layer, alternating between two
+MLX streams, each stream's matmuls on one BLAS thread.
 
 Why: one chunk on one stream leaves a core mostly idle. Every non-BLAS operation (attention,
 SwiGLU, norms, K/V writes) runs on the stream's one thread while the second BLAS thread spins, and
@@ -10,8 +10,8 @@ The layers must alternate: MLX's CPU backend lets the host run only about ten op
 the device, so a whole forward launched on one stream holds the other stream back until it ends.
 
 Owns the two streams and the layer loop. Used only for backbones that are embed -> layers -> norm
-under one causal mask, checked at load against the backbone's own call. Never touches block tables;
-the caches it is given write the pools.
+under one causal mask, checked at load against the backbone's own call. Never touches block tables
+or the pools: the caches it is given hold their K/V back until both forwards are done.
 """
 
 from __future__ import annotations
