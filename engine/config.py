@@ -81,6 +81,15 @@ class EngineConfig(BaseModel):
         ),
     )
 
+    cpu_decode: bool | None = Field(
+        None,
+        description=(
+            "Decode rows run as one C forward that calls OpenBLAS for the matmuls (engine/cpu_decode.py), "
+            "built once with the system C compiler. None: on for MLX's CPU backend where the model is a plain "
+            "float32 Llama-family model and the build and its load-time check succeed; False: MLX's path."
+        ),
+    )
+
     @model_validator(mode="after")
     def _check_budget(self) -> EngineConfig:
         if self.max_num_batched_tokens < self.block_size:

@@ -52,7 +52,12 @@ class LLMEngine:
         self.kv = KVCacheManager(self.pool, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         self.runner = ModelRunner(
-            loaded.model, self.storage, config.kv_in_place, config.cpu_math, config.paired_prefill
+            loaded.model,
+            self.storage,
+            config.kv_in_place,
+            config.cpu_math,
+            config.paired_prefill,
+            config.cpu_decode,
         )
         self.sampler = Sampler(config.seed)
         self.structured = StructuredOutputManager(loaded.tokenizer)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from engine import activation_hook, attention_hook
 from engine.blas import blas_thread_setter
+from engine.cpu_decode import make_cpu_decode
 from engine.decode_graph import make_decode_graph
 from engine.model_head import split_head
 from engine.paged_attention import KVStorage, LayerShape, PagedLayerCache, StepLayout
@@ -83,6 +84,7 @@ class ModelRunner:
         kv_in_place: bool | None = None,
         cpu_math: bool | None = None,
         paired_prefill: bool | None = None,
+        cpu_decode: bool | None = None,
     ):
         self.model = model
         self.storage = storage
@@ -115,6 +117,10 @@ class ModelRunner:
         # (engine/paired_prefill.py); it needs the head split to take their last rows.
         pair = paired_prefill if paired_prefill is not None else on_cpu
         self.paired = make_paired_prefill(model, blas_thread_setter()) if pair and self.head else None
+        # On the CPU, decode rows of a plain float32 Llama-family model run as one C forward
+        # (engine/cpu_decode.py); None elsewhere, and for every other model.
+        use_c = (cpu_decode if cpu_decode is not None else on_cpu) and self.decode_graph is None
+        self.cpu_decode = make_cpu_decode(model, storage) if use_c else None
 
     def execute(self, plan: SchedulerPlan, pending: DeviceTokens | None = None) -> StepLogits:
         decode = [s for s in plan.scheduled if s.num_new_tokens == 1]
@@ -190,6 +196,10 @@ class ModelRunner:
         return mx.where(is_known, mx.array([t or 0 for t in known], dtype=mx.int32), from_device)[:, None]
 
     def _forward(self, chunk: list[ScheduledRequest], num_new: int, tokens: mx.array) -> mx.array:
+        if num_new == 1 and self.cpu_decode is not None:
+            tables = [s.request.block_ids[: -(-(s.start + 1) // self.block_size)] for s in chunk]
+            ids = tokens[:, 0].tolist()  # known tokens: async scheduling is off on the CPU backend
+            return self.cpu_decode.step(ids, [s.start for s in chunk], tables, self.storage)[:, None, :]
         if num_new == 1 and self.decode_graph is not None:
             tables = [s.request.block_ids[: -(-(s.start + 1) // self.block_size)] for s in chunk]
             logits = self.decode_graph(tokens[:, 0], [s.start for s in chunk], tables)[:, None, :]

@@ -42,23 +42,29 @@ def test_single_request_equals_mlx_lm_greedy_and_mentions_paris(any_llm):
     assert llm.pool.num_free == llm.pool.num_blocks
 
 
-@pytest.mark.parametrize("in_place", [True, False], ids=["kv-in-place", "kv-gathered"])
-def test_staggered_batch_of_eight_equals_reference(any_llm, in_place, monkeypatch):
+@pytest.mark.parametrize("path", ["c-decode", "kv-in-place", "kv-gathered"])
+def test_staggered_batch_of_eight_equals_reference(any_llm, path, monkeypatch):
     llm = any_llm
+    assert llm.runner.cpu_decode is not None, "the bundled model decodes through engine/cpu_decode.py"
     assert llm.runner.pool_tokens is not None, "the bundled model's attention reads K/V in place"
-    if not in_place:
+    if path != "c-decode":
+        monkeypatch.setattr(llm.runner, "cpu_decode", None)
+    if path == "kv-gathered":
         monkeypatch.setattr(llm.runner, "pool_tokens", None)
-    reads = []
+    reads, c_steps = [], []
     monkeypatch.setattr(
         paged_attention, "window_attention", _counting(paged_attention.window_attention, reads)
     )
+    if path == "c-decode":
+        monkeypatch.setattr(llm.runner.cpu_decode, "step", _counting(llm.runner.cpu_decode.step, c_steps))
     prompts = [chat_ids(llm, p) for p in PROMPTS]
     arrivals = {i * 3: [GenerateRequest(f"b{i}", p, greedy(20))] for i, p in enumerate(prompts)}
     outputs = run_to_completion(llm, arrivals)
     for i, prompt in enumerate(prompts):
         assert _strip_eos(llm, token_ids(outputs[f"b{i}"])) == reference_greedy(llm, prompt, 20), PROMPTS[i]
     assert llm.pool.num_free == llm.pool.num_blocks
-    assert bool(reads) == in_place
+    assert bool(reads) == (path == "kv-in-place")
+    assert bool(c_steps) == (path == "c-decode")
 
 
 def _counting(fn, calls: list):
