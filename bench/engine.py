@@ -4,6 +4,7 @@
     python bench/engine.py --attention-ab --out bench/results/engine_attention.json
     python bench/engine.py --steady-state 12 --out bench/results/engine_steady.json
     OPENBLAS_NUM_THREADS=2 python bench/engine.py --prefill-ab --out bench/results/engine_prefill_pairs.json
+    OPENBLAS_NUM_THREADS=2 python bench/engine.py --decode-ab --out bench/results/engine_cpu_decode.json
 
 Rows: aggregate decode tokens/s at 1, 8, 32 sequences vs mlx-lm's BatchGenerator (same prompts,
 same weights, EOS ignored); single-stream decode vs mlx_lm's generate_step; KV memory used by live
@@ -14,6 +15,8 @@ vs OpenBLAS (a subprocess each, since BLAS is chosen when the process loads MLX)
 the pool, with the share of batched decode steps whose attention reads K/V in place per wave.
 `--prefill-ab`: the prefill of 16 ~200-token prompts that share a 32-token prefix (as chat prompts
 share a template's system prompt), chunks paired on two streams (engine/paired_prefill.py) or not.
+`--decode-ab`: decode at 1, 4 and 16 sequences of ~200-token prompts, decode steps as one C forward
+(engine/cpu_decode.py) or as MLX operations, alternating on one engine.
 """
 
 from __future__ import annotations
@@ -242,6 +245,30 @@ def prefill_ab(llm: LLMEngine, rounds: int) -> dict:
     return {"prompt_tokens": [len(ids) for ids in batch], "runs_s": results, "median_s": medians}
 
 
+def decode_ab(llm: LLMEngine, max_tokens: int, rounds: int) -> list[dict]:
+    """Decode tokens/s with the C forward and with MLX's operations, alternating on one engine; the
+    prompts are cached after the first round, so every round times decode steps only."""
+    kernel = llm.runner.cpu_decode
+    assert kernel is not None, "the C decode forward is off here (see engine/cpu_decode.py)"
+    rows = []
+    print("| sequences | C forward tok/s | MLX tok/s | ratio |\n|---|---|---|---|")
+    for num_seqs in (1, 4, 16):
+        batch = prompts(llm, num_seqs, 195)
+        results: dict[str, list[float]] = {"c_forward": [], "mlx": []}
+        for r in range(rounds + 1):  # round 0 warms both up and is not counted
+            for mode in ("c_forward", "mlx") if r % 2 else ("mlx", "c_forward"):
+                llm.runner.cpu_decode = kernel if mode == "c_forward" else None
+                tok_s = engine_decode(llm, batch, max_tokens)["tok_s"]
+                if r:
+                    results[mode].append(tok_s)
+        llm.runner.cpu_decode = kernel
+        row = {mode: statistics.median(v) for mode, v in results.items()}
+        row |= {"sequences": num_seqs, "runs_tok_s": results, "ratio": row["c_forward"] / row["mlx"]}
+        rows.append(row)
+        print(f"| {num_seqs} | {row['c_forward']:.1f} | {row['mlx']:.1f} | {row['ratio']:.2f} |", flush=True)
+    return rows
+
+
 def steady_state(llm: LLMEngine, waves: int) -> list[dict]:
     """Waves of 16 requests (~200-token prompts, 128 tokens, a new one as each ends) through one
     engine: once finished requests' cached prefixes fill the pool, new requests get blocks among
@@ -296,11 +323,14 @@ def main() -> None:
         "--attention-ab", action="store_true", help="only compare in-place and gathered attention"
     )
     ap.add_argument("--prefill-ab", action="store_true", help="only compare paired and unpaired prefill")
+    ap.add_argument("--decode-ab", action="store_true", help="only compare C-forward and MLX decode steps")
     ap.add_argument(
         "--steady-state", type=int, default=0, metavar="WAVES", help="only the steady-state waves"
     )
     args = ap.parse_args()
     llm = LLMEngine(EngineConfig(kv_cache_memory_bytes=1 << 30, max_num_seqs=64, max_num_batched_tokens=512))
+    if args.steady_state or args.attention_ab:
+        llm.runner.cpu_decode = None  # both study MLX's decode attention, which the C forward replaces
     if args.steady_state:
         rows = steady_state(llm, args.steady_state)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -313,6 +343,12 @@ def main() -> None:
         result |= {"machine": f"{platform.machine()} {os.cpu_count()} cores", "blas": blas_state().reason}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2))
+        return
+    if args.decode_ab:
+        rows = decode_ab(llm, args.max_tokens, args.rounds)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        result = {"machine": f"{platform.machine()} {os.cpu_count()} cores", "blas": blas_state().reason}
+        Path(args.out).write_text(json.dumps(result | {"rows": rows}, indent=2))
         return
     if args.attention_ab:
         rows = attention_ab(llm, args.max_tokens, args.rounds)
