@@ -42,6 +42,8 @@ def _combine(name: str, mine: Any, theirs: Any) -> Any:
         return mine or theirs
     if name == "uptime_s":
         return max(mine, theirs)
+    if name == "compute":
+        return None  # replicas may run different paths; each row shows its own
     if isinstance(mine, Histogram):
         return mine.merged(theirs)
     if isinstance(mine, dict):
@@ -52,6 +54,8 @@ def _combine(name: str, mine: Any, theirs: Any) -> Any:
 def stats_json(stats: EngineStats) -> dict[str, Any]:
     """The stats as JSON plus derived rates; histograms shrink to count and mean (/metrics has buckets)."""
     body = {k: v for k, v in asdict(stats).items() if k not in _HISTOGRAMS}
+    if stats.compute is None:
+        del body["compute"]
     body["kv_cache_usage"] = kv_cache_usage(stats)
     body["prefix_cache_hit_rate"] = (
         stats.prefix_cache_hits / stats.prefix_cache_queries if stats.prefix_cache_queries else None

@@ -23,6 +23,8 @@ from deployments.ray_metrics import RayMetricsExporter
 from deployments.step_loop import HEARTBEAT_S, StepLoop
 
 logger = logging.getLogger(__name__)
+# Ray Serve writes this logger's records to the replica's log file and the dashboard's log view.
+serve_logger = logging.getLogger("ray.serve")
 
 METRICS_EXPORT_INTERVAL_S = 5.0  # Ray's metrics agent reports every few seconds too
 
@@ -46,6 +48,7 @@ class Scheduler:
         model_name = config.served_model_name or self._engine.model_name
         self._ray_metrics = RayMetricsExporter(model_name, self._replica_id)
         self._export_task: asyncio.Task[None] | None = None
+        serve_logger.info("engine for %s loaded: %s", model_name, self._engine.compute)
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[list[RequestOutput] | EngineError]:
         """Call through a streaming handle: `list[RequestOutput]` batches (empty ones say "admitted"

@@ -38,6 +38,7 @@ def collect_stats(engine: LLMEngine) -> EngineStats:
         inter_token_latency_s=itl,
         e2e_request_latency_s=e2e,
         num_requests_by_finish_reason=by_reason,
+        compute=engine.compute,
     )
 
 

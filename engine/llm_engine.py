@@ -59,6 +59,8 @@ class LLMEngine:
             config.paired_prefill,
             config.cpu_decode,
         )
+        self.compute = self.runner.compute_paths()
+        logger.info("%s compute paths: %s", self.model_name, self.compute)
         self.sampler = Sampler(config.seed)
         self.structured = StructuredOutputManager(loaded.tokenizer)
         self.outputs = OutputProcessor(loaded.tokenizer, self.eos_token_ids, self.structured)

@@ -135,6 +135,20 @@ class Histogram:
         return Histogram(list(self.bounds), counts, self.sum + other.sum)
 
 
+@dataclass(frozen=True)
+class ComputePaths:
+    """How one engine runs its model, fixed at load: what to check first when a replica is slow.
+    Each fast path falls back silently to a slower one where it cannot serve (no compiler, another
+    model family, another dtype), so this is where the fallback shows."""
+
+    device: str  # MLX's device: "cpu" or "gpu"
+    dtype: str  # of the weights and the KV cache
+    blas: str  # engine/blas.py: "openblas", "reference" (~30x slower matmuls) or "native"
+    blas_detail: str  # how it was loaded, or why not
+    decode: str  # "c_forward" (engine/cpu_decode.py), "cuda_graph" (engine/decode_graph.py) or "mlx"
+    paired_prefill: bool  # engine/paired_prefill.py
+
+
 @dataclass
 class EngineStats:
     """A snapshot for the status and metrics endpoints; counters are totals since start."""
@@ -160,3 +174,4 @@ class EngineStats:
     inter_token_latency_s: Histogram = field(default_factory=Histogram)
     e2e_request_latency_s: Histogram = field(default_factory=Histogram)
     num_requests_by_finish_reason: dict[str, int] = field(default_factory=dict)
+    compute: ComputePaths | None = None  # per replica; a total over replicas has none

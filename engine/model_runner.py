@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine import activation_hook, attention_hook
-from engine.blas import blas_thread_setter
+from engine.blas import blas_state, blas_thread_setter
 from engine.cpu_decode import make_cpu_decode
 from engine.decode_graph import make_decode_graph
+from engine.messages import ComputePaths
 from engine.model_head import split_head
 from engine.paged_attention import KVStorage, LayerShape, PagedLayerCache, StepLayout
 from engine.paired_prefill import make_paired_prefill
@@ -121,6 +122,23 @@ class ModelRunner:
         # (engine/cpu_decode.py); None elsewhere, and for every other model.
         use_c = (cpu_decode if cpu_decode is not None else on_cpu) and self.decode_graph is None
         self.cpu_decode = make_cpu_decode(model, storage) if use_c else None
+
+    def compute_paths(self) -> ComputePaths:
+        """Which of the paths above this runner took, for the status endpoint and the load log."""
+        blas = blas_state()
+        decode = "mlx"
+        if self.cpu_decode is not None:
+            decode = "c_forward"
+        elif self.decode_graph is not None:
+            decode = "cuda_graph"
+        return ComputePaths(
+            device=mx.default_device().type.name,
+            dtype=str(self.storage.keys[0].dtype).removeprefix("mlx.core."),
+            blas=blas.name,
+            blas_detail=blas.reason,
+            decode=decode,
+            paired_prefill=self.paired is not None,
+        )
 
     def execute(self, plan: SchedulerPlan, pending: DeviceTokens | None = None) -> StepLogits:
         decode = [s for s in plan.scheduled if s.num_new_tokens == 1]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.messages import EngineStats, LiveRequestStats
+from engine.messages import ComputePaths, EngineStats, LiveRequestStats
 
 from api.status import status_body, total_stats
 
@@ -42,3 +42,12 @@ def test_status_derives_rates_and_keeps_the_oldest_uptime():
     assert total["kv_cache_usage"] == 0.25 and total["prefix_cache_hit_rate"] == 0.25
     assert total["uptime_s"] == 9
     assert total["latency"]["time_to_first_token_s"] == {"count": 0, "mean": None}
+
+
+def test_each_replica_row_shows_its_compute_paths_and_the_total_none():
+    fast = ComputePaths("cpu", "float32", "openblas", "loaded", "c_forward", True)
+    slow = ComputePaths("cpu", "float32", "reference", "no OpenBLAS", "mlx", False)
+    body = status_body("smol", [("r1", EngineStats(compute=fast)), ("r2", EngineStats(compute=slow))], [])
+    assert [r["compute"]["decode"] for r in body["replicas"]] == ["c_forward", "mlx"]
+    assert body["replicas"][1]["compute"]["blas"] == "reference"
+    assert "compute" not in body["total"]

@@ -116,6 +116,15 @@ def test_status_reports_engine_state_and_one_row_per_live_request(http):
     assert row["ttft_s"] > 0 and row["tokens_per_s"] > 0 and row["num_cached_tokens"] >= 0
 
 
+def test_status_shows_every_replica_on_the_fast_cpu_paths(http):
+    """A served engine that fell back to reference BLAS or MLX's decode ops still answers, only
+    slower: this is where an operator (and this test) sees it."""
+    for replica in http.get("/v1/status").json()["replicas"]:
+        compute = replica["compute"]
+        assert (compute["device"], compute["dtype"], compute["blas"]) == ("cpu", "float32", "openblas")
+        assert compute["decode"] == "c_forward" and compute["paired_prefill"] is True
+
+
 @pytest.mark.parametrize(
     ("method", "path", "status", "shape"),
     [

@@ -33,6 +33,9 @@ def mlx_decode() -> LLMEngine:
 def test_the_bundled_model_decodes_through_the_kernel(llm, mlx_decode):
     assert llm.runner.cpu_decode is not None
     assert mlx_decode.runner.cpu_decode is None
+    # and the stats the status endpoint shows say which path each engine took
+    assert llm.stats().compute.decode == "c_forward"
+    assert mlx_decode.stats().compute.decode == "mlx"
 
 
 def test_an_engine_on_the_kernel_samples_what_mlx_samples(llm, mlx_decode):
