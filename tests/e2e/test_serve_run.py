@@ -1,0 +1,98 @@
+"""`serve run serve_config.yaml` as the README starts it: its own Ray cluster, the shipped config (on a
+free port), every deployment healthy in `serve status`, the bundled model answering the SDKs, and
+OpenBLAS with the config's thread count in every process that runs MLX.
+
+The other e2e tests share one app built in-process (conftest.py); this one runs the user's command.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from engine.blas import blas_state
+
+import httpx
+import pytest
+import yaml
+
+from bench import serve_proc
+
+REPO = Path(__file__).resolve().parents[2]
+STARTUP_TIMEOUT_S = 300
+
+
+def _free_port() -> int:
+    port = 8000
+    while not serve_proc.port_is_free(port):
+        port += 1
+    return port
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> Iterator[serve_proc.ServerProcess]:
+    config = yaml.safe_load((REPO / "serve_config.yaml").read_text())
+    port = _free_port()
+    config["http_options"]["port"] = port  # nothing else changes
+    folder = tmp_path_factory.mktemp("serve_run")
+    config_path = folder / "serve_config.yaml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    # RAY_ADDRESS=local: a cluster of its own, never the one conftest.py started in this process.
+    env = os.environ | {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_ADDRESS": "local"}
+    cmd = [str(Path(sys.executable).with_name("serve")), "run", str(config_path)]
+    server = serve_proc.start("serve-run", cmd, env, REPO, folder / "serve.log", port, signal.SIGINT)
+    try:
+        try:
+            serve_proc.wait_ready(server, STARTUP_TIMEOUT_S)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}\n{server.log_tail()}") from None
+        yield server
+    finally:
+        serve_proc.stop(server)
+
+
+def test_default_names_the_bundled_model_for_both_sdks(served):
+    import anthropic
+    import openai
+
+    chat = openai.OpenAI(base_url=f"{served.base_url}/v1", api_key="unused", max_retries=0).chat
+    reply = chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=16,
+        temperature=0,
+    )
+    assert reply.model == "smollm2" and "Paris" in reply.choices[0].message.content
+    message = anthropic.Anthropic(base_url=served.base_url, api_key="unused", max_retries=0).messages.create(
+        model="default", max_tokens=8, messages=[{"role": "user", "content": "Say hello."}]
+    )
+    assert message.content[0].text and message.usage.output_tokens > 0
+
+
+def test_serve_status_shows_every_deployment_healthy(served):
+    env = os.environ | {"RAY_AUTH_MODE": "token"}  # the README's advice for the CLI under token auth
+    env.pop("RAY_ADDRESS", None)
+    serve_cli = str(Path(sys.executable).with_name("serve"))
+    out = subprocess.run(
+        [serve_cli, "status"], check=False, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    app = yaml.safe_load(out.stdout)["applications"]["llm"]
+    assert app["status"] == "RUNNING"
+    statuses = {name: d["status"] for name, d in app["deployments"].items()}
+    assert statuses == {name: "HEALTHY" for name in ("Ingress", "Scheduler", "Tokenizer", "Embedder")}
+
+
+def test_every_mlx_process_runs_openblas_with_the_configured_threads(served):
+    blas = blas_state()
+    assert blas.path is not None, blas.reason
+    report = serve_proc.blas_report(served, blas.path)
+    assert report["ok"], report
+
+    (replica,) = httpx.get(f"{served.base_url}/v1/status", timeout=30).json()["replicas"]
+    assert replica["compute"]["blas_detail"].endswith("2 threads")  # scheduler.num_threads: 2
+    assert replica["compute"]["decode"] == "c_forward"
