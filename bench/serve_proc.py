@@ -43,6 +43,13 @@ def port_is_free(port: int) -> bool:
     return True
 
 
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on now, chosen by the kernel."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def start(name: str, cmd: list[str], env: dict[str, str], cwd: Path, log_path: Path, port: int,
           stop_signal: int = signal.SIGTERM) -> ServerProcess:  # fmt: skip
     if not port_is_free(port):

@@ -6,12 +6,13 @@ Two Scheduler replicas, so that /v1/status really aggregates and streams spread 
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
+
+from bench import serve_proc
 
 # Each Scheduler replica gets one BLAS thread: two replicas share this 2-core machine.
 E2E_ARGS = {
@@ -30,12 +31,6 @@ E2E_ARGS = {
 STARTUP_TIMEOUT_S = 600
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def base_url() -> Iterator[str]:
     import ray
@@ -43,7 +38,7 @@ def base_url() -> Iterator[str]:
 
     from deployments.app import build_app
 
-    port = _free_port()
+    port = serve_proc.free_port()
     ray.init(
         num_cpus=os.cpu_count() or 2,
         object_store_memory=128 * 1024 * 1024,

@@ -23,27 +23,21 @@ import yaml
 from bench import serve_proc
 
 REPO = Path(__file__).resolve().parents[2]
+SERVE_CLI = str(Path(sys.executable).with_name("serve"))
 STARTUP_TIMEOUT_S = 300
-
-
-def _free_port() -> int:
-    port = 8000
-    while not serve_proc.port_is_free(port):
-        port += 1
-    return port
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory) -> Iterator[serve_proc.ServerProcess]:
     config = yaml.safe_load((REPO / "serve_config.yaml").read_text())
-    port = _free_port()
+    port = serve_proc.free_port()
     config["http_options"]["port"] = port  # nothing else changes
     folder = tmp_path_factory.mktemp("serve_run")
     config_path = folder / "serve_config.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     # RAY_ADDRESS=local: a cluster of its own, never the one conftest.py started in this process.
     env = os.environ | {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_ADDRESS": "local"}
-    cmd = [str(Path(sys.executable).with_name("serve")), "run", str(config_path)]
+    cmd = [SERVE_CLI, "run", str(config_path)]
     server = serve_proc.start("serve-run", cmd, env, REPO, folder / "serve.log", port, signal.SIGINT)
     try:
         try:
@@ -76,9 +70,8 @@ def test_default_names_the_bundled_model_for_both_sdks(served):
 def test_serve_status_shows_every_deployment_healthy(served):
     env = os.environ | {"RAY_AUTH_MODE": "token"}  # the README's advice for the CLI under token auth
     env.pop("RAY_ADDRESS", None)
-    serve_cli = str(Path(sys.executable).with_name("serve"))
     out = subprocess.run(
-        [serve_cli, "status"], check=False, env=env, capture_output=True, text=True, timeout=60
+        [SERVE_CLI, "status"], check=False, env=env, capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr
     app = yaml.safe_load(out.stdout)["applications"]["llm"]
