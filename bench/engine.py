@@ -32,18 +32,19 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import time
 
 import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
 from engine import activation_hook
-from engine.blas import blas_state
+from engine.blas import blas_state, default_blas_threads
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.messages import GenerateRequest, SamplingParams
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, generate_step
+
+from bench.blas import run_probe
 
 WARMUP_TOKENS = 8
 WORDS = [
@@ -170,29 +171,9 @@ def fit_in_budget(llm: LLMEngine, prompt_len: int, max_tokens: int, budget_bytes
 
 
 def blas_compare(max_tokens: int) -> dict:
-    code = (
-        "import engine, time, json, mlx.core as mx\n"
-        "from engine.blas import blas_state\n"
-        "a=mx.random.normal((1024,1024)); mx.eval(a@a); t=time.perf_counter()\n"
-        "[mx.eval(a@a) for _ in range(5)]\n"
-        "gflops=5*2*1024**3/(time.perf_counter()-t)/1e9\n"
-        "from engine.config import EngineConfig; from engine.llm_engine import LLMEngine\n"
-        "from bench.engine import engine_decode, prompts\n"
-        "llm=LLMEngine(EngineConfig(kv_cache_memory_bytes=1<<28))\n"
-        f"tps=engine_decode(llm, prompts(llm, 1, 40), {max_tokens})['tok_s']\n"
-        "print(json.dumps({'blas': blas_state().name, 'gflops': gflops, 'decode_tok_s': tps}))\n"
-    )
-    out = {}
-    for mode in ("reference", "openblas"):
-        env = dict(os.environ, MLX_RAY_SERVE_BLAS=mode)
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")]
-        )
-        res = subprocess.run(
-            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-        )
-        out[mode] = json.loads(res.stdout.strip().splitlines()[-1])
-    return out
+    """Reference BLAS against the bundled OpenBLAS, each in a process of its own (bench/blas.py)."""
+    threads = int(os.environ.get("OPENBLAS_NUM_THREADS") or default_blas_threads())
+    return {mode: run_probe(mode, threads, max_tokens) for mode in ("reference", "bundled")}
 
 
 def attention_ab(llm: LLMEngine, max_tokens: int, rounds: int) -> list[dict]:
@@ -422,7 +403,7 @@ def main() -> None:
     results["blas"] = blas
     for mode, row in blas.items():
         print(
-            f"{mode:>9} BLAS: matmul 1024^3 fp32 {row['gflops']:.1f} GFLOP/s, single-stream decode {row['decode_tok_s']:.1f} tok/s"
+            f"{mode:>9} BLAS: matmul 1024^3 fp32 {row['matmul_gflops']:.1f} GFLOP/s, single-stream decode {row['decode_1_tok_s']:.1f} tok/s"
         )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2))

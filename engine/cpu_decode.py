@@ -89,10 +89,10 @@ class CpuDecode:
 
 
 def make_cpu_decode(model: nn.Module, storage: KVStorage) -> CpuDecode | None:
-    """A CpuDecode for `model`, or None where it cannot serve it: not MLX's CPU backend with OpenBLAS,
+    """A CpuDecode for `model`, or None where it cannot serve it: not MLX's CPU backend with a loaded BLAS,
     not a plain float32 Llama-family model, no C compiler, or the probe's logits differ from MLX's."""
     blas = blas_state()
-    if mx.default_device().type != mx.DeviceType.cpu or blas.name != "openblas" or blas.path is None:
+    if mx.default_device().type != mx.DeviceType.cpu or blas.path is None:
         return None
     sizes = _llama_sizes(model, storage)
     if sizes is None:

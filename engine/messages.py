@@ -143,8 +143,10 @@ class ComputePaths:
 
     device: str  # MLX's device: "cpu" or "gpu"
     dtype: str  # of the weights and the KV cache
-    blas: str  # engine/blas.py: "openblas", "reference" (~30x slower matmuls) or "native"
+    blas: str  # engine/blas.py: "openblas", "custom", "reference" (~30x slower matmuls) or "native"
     blas_detail: str  # how it was loaded, or why not
+    blas_config: str | None  # OpenBLAS's build: version, DYNAMIC_ARCH, MAX_THREADS; None: not OpenBLAS
+    blas_core: str | None  # the kernels OpenBLAS chose for this CPU (Haswell, SkylakeX, NeoverseN1, ...)
     decode: str  # "c_forward" (engine/cpu_decode.py), "cuda_graph" (engine/decode_graph.py) or "mlx"
     paired_prefill: bool  # engine/paired_prefill.py
 

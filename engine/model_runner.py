@@ -136,6 +136,8 @@ class ModelRunner:
             dtype=str(self.storage.keys[0].dtype).removeprefix("mlx.core."),
             blas=blas.name,
             blas_detail=blas.reason,
+            blas_config=blas.config,
+            blas_core=blas.core,
             decode=decode,
             paired_prefill=self.paired is not None,
         )

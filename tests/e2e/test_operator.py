@@ -122,6 +122,7 @@ def test_status_shows_every_replica_on_the_fast_cpu_paths(http):
     for replica in http.get("/v1/status").json()["replicas"]:
         compute = replica["compute"]
         assert (compute["device"], compute["dtype"], compute["blas"]) == ("cpu", "float32", "openblas")
+        assert "DYNAMIC_ARCH" in compute["blas_config"] and compute["blas_core"]
         assert compute["decode"] == "c_forward" and compute["paired_prefill"] is True
 
 

@@ -37,6 +37,17 @@ def test_the_layer_loop_reproduces_the_backbone(llm):
         assert mx.array_equal(hidden, model.model(ids, cache=fresh_caches(model.model))).item()
 
 
+def test_the_load_check_passes_at_two_blas_threads_too(llm):
+    # The served config runs 2 BLAS threads, and OpenBLAS splits a matmul over threads in an order of its
+    # own: the check must compare the layer loop with a one-thread forward, as the pair runs.
+    setter = blas_thread_setter()
+    previous = setter(2)
+    try:
+        assert make_paired_prefill(llm.runner.model, setter) is not None
+    finally:
+        setter(previous)
+
+
 def test_a_pair_runs_from_a_thread_other_than_the_one_that_made_it(llm):
     # MLX streams belong to the thread that made them; the Scheduler steps on its own thread.
     model = llm.runner.model
