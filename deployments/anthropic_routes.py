@@ -12,7 +12,6 @@ from collections.abc import Awaitable, Callable
 from engine.messages import GenerateRequest, ImageInputs
 
 from fastapi.responses import JSONResponse, Response
-from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 
 from api import sse
@@ -25,6 +24,7 @@ from api.config import ImageLimitsConfig
 from deployments import chat_generation
 from deployments.messages import ModelInfo
 from deployments.output_parsing import OutputParsers
+from deployments.watched_handle import WatchedHandle
 
 PROMPT_PARAM = "messages"
 
@@ -32,8 +32,8 @@ PROMPT_PARAM = "messages"
 class AnthropicRoutes:
     def __init__(
         self,
-        scheduler: DeploymentHandle,
-        tokenizer: DeploymentHandle,
+        scheduler: WatchedHandle,
+        tokenizer: WatchedHandle,
         resolve_model: Callable[[str], Awaitable[str]],
         model_info: Callable[[], Awaitable[ModelInfo]],
         parsers: OutputParsers,

@@ -9,8 +9,6 @@ from contextlib import aclosing
 from engine.errors import EngineError
 from engine.messages import GenerateRequest, ImageInputs
 
-from ray.serve.handle import DeploymentHandle
-
 from api.choice_state import ChoiceState
 from api.config import ImageLimitsConfig
 from api.errors import from_engine_error, invalid
@@ -18,9 +16,10 @@ from api.images import load_images
 from api.template_messages import ChatPrompt
 from deployments.generation import Generation
 from deployments.messages import ModelInfo
+from deployments.watched_handle import WatchedHandle
 
 
-async def prompt_ids(tokenizer: DeploymentHandle, prompt: ChatPrompt, prompt_param: str) -> list[int]:
+async def prompt_ids(tokenizer: WatchedHandle, prompt: ChatPrompt, prompt_param: str) -> list[int]:
     """The rendered prompt's token ids; a prompt the template refuses is a 400 blaming `prompt_param`."""
     ids = await tokenizer.chat_prompt_ids.remote(
         prompt.messages, prompt.add_generation_prompt, prompt.tools, prompt.continue_final_message
@@ -33,7 +32,7 @@ async def prompt_ids(tokenizer: DeploymentHandle, prompt: ChatPrompt, prompt_par
 
 
 async def image_prompt_inputs(
-    tokenizer: DeploymentHandle,
+    tokenizer: WatchedHandle,
     prompt: ChatPrompt,
     prompt_param: str,
     info: ModelInfo,
@@ -63,7 +62,7 @@ async def image_prompt_inputs(
 
 
 async def start(
-    scheduler: DeploymentHandle, request: GenerateRequest, prompt_param: str
+    scheduler: WatchedHandle, request: GenerateRequest, prompt_param: str
 ) -> tuple[Generation, ChoiceState]:
     """Starts the request; a rejected one raises its ApiError before any byte goes out."""
     generation = Generation(scheduler, [request], prompt_param)

@@ -17,10 +17,10 @@ from engine.errors import EngineError
 from engine.messages import GenerateRequest, RequestOutput
 
 from ray.exceptions import RayActorError
-from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from api.errors import ApiError, from_engine_error, internal_error
 from deployments.replica_errors import replica_died
+from deployments.watched_handle import WatchedHandle, WatchedStream
 
 logger = logging.getLogger(__name__)
 
@@ -33,9 +33,9 @@ class Generation:
     Request k's sample j is choice `sum(n of requests before k) + j`, so P prompts with n samples
     each give choice p * n + j (as OpenAI numbers them)."""
 
-    def __init__(self, scheduler: DeploymentHandle, requests: list[GenerateRequest], prompt_param: str):
+    def __init__(self, scheduler: WatchedHandle, requests: list[GenerateRequest], prompt_param: str):
         streaming = scheduler.options(stream=True)
-        self._streams: list[DeploymentResponseGenerator] = [streaming.generate.remote(r) for r in requests]
+        self._streams: list[WatchedStream] = [streaming.generate.remote(r) for r in requests]
         self._done = [False] * len(requests)
         self._open = [set(range(r.n)) for r in requests]  # sample indices with no finished output yet
         self._bases = [sum(r.n for r in requests[:k]) for k in range(len(requests))]

@@ -7,7 +7,9 @@ No `from __future__ import annotations` here: @serve.ingress pickles the routes 
 annotations lose their globals, and FastAPI then took `request: Request` for a query parameter.
 """
 
+import asyncio
 from contextlib import aclosing
+from functools import partial
 from typing import Any
 
 from engine.errors import EngineError
@@ -27,6 +29,7 @@ from api.guard import GuardMiddleware
 from api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from api.metrics import render_metrics
 from api.openai_convert import (
+    DEFAULT_MODEL_ALIAS,
     add_generation_prompt,
     chat_image_urls,
     chat_messages,
@@ -65,12 +68,14 @@ from api.status import status_body, total_stats
 from api.template_messages import ChatPrompt
 from deployments import chat_generation
 from deployments.anthropic_routes import AnthropicRoutes
+from deployments.deployment_health import DeploymentWatch, health_body, read_serve_status
 from deployments.generation import Generation
 from deployments.messages import ModelInfo
 from deployments.output_parsing import OutputParsers
-from deployments.replica_errors import install_replica_died_handler
+from deployments.replica_errors import ProxyGoneMiddleware, install_replica_died_handler
 from deployments.replica_stats import gather_stats
 from deployments.responses_routes import ResponsesRoutes
+from deployments.watched_handle import WatchedHandle
 
 _STATUS_TIMEOUT_S = 10.0
 
@@ -87,6 +92,7 @@ def _guard_configs() -> tuple[SecurityConfig, LimitsConfig]:
 
 
 app.add_middleware(GuardMiddleware, configs=_guard_configs)
+app.add_middleware(ProxyGoneMiddleware)  # outermost: every layer below reads its `receive`
 
 
 # Helpers sit above the class: @serve.ingress freezes the FastAPI app (cloudpickle) when it decorates
@@ -113,9 +119,16 @@ class Ingress:
     ):
         self.security = security or SecurityConfig()  # read by api/guard.py via _guard_configs
         self.limits = limits or LimitsConfig()
+        # Every call to another deployment fails fast with a 503 while that deployment is down.
+        self._watch = DeploymentWatch(partial(read_serve_status, serve.get_replica_context().app_name))
+        try:  # from the start, so that a deployment that fails is logged even before any request
+            self._watch.ensure_polling()
+        except RuntimeError:  # no event loop in this constructor: the first request starts it
+            pass
+        scheduler, tokenizer = WatchedHandle(scheduler, self._watch), WatchedHandle(tokenizer, self._watch)
         self._scheduler = scheduler
         self._tokenizer = tokenizer
-        self._embedder = embedder
+        self._embedder = WatchedHandle(embedder, self._watch) if embedder is not None else None
         self._served_model_name = served_model_name
         self._info: ModelInfo | None = None
         self._embedding_model: str | None = None
@@ -128,12 +141,39 @@ class Ingress:
             scheduler, tokenizer, self._resolve_model, self._model_info, self._parsers, self.limits.images
         )
 
+    def __del__(self) -> None:  # Ray Serve calls it when it stops the replica
+        self._watch.close()
+
     @app.get("/health")
-    async def health(self) -> dict[str, str]:
-        return {"status": "ok"}
+    async def health(self) -> JSONResponse:
+        """200 once every deployment has a running replica; 503 while one starts or is down, with why."""
+        try:
+            states = await asyncio.wait_for(self._watch.refresh(), _STATUS_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001  (the controller itself is unreachable: still an answer)
+            reason = f"could not read Ray Serve's deployment status: {type(exc).__name__}: {exc}"
+            return JSONResponse({"status": "unknown", "error": reason}, status_code=503)
+        body = health_body(states)
+        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
     @app.get("/v1/models")
     async def models(self) -> dict[str, Any]:
+        return ModelList(data=await self._model_cards()).dump()
+
+    @app.get("/v1/models/{model:path}")
+    async def model(self, model: str) -> dict[str, Any]:
+        """One model by any name a request may give it: "default", its own name or its alias; the
+        embedding model by its name."""
+        cards = await self._model_cards()
+        info = await self._model_info()
+        if model in (DEFAULT_MODEL_ALIAS, info.model_name, self._served_model_name):
+            return cards[0].dump()
+        for card in cards[1:]:
+            if model == card.id:
+                return card.dump()
+        raise model_not_found(model, [card.id for card in cards])
+
+    async def _model_cards(self) -> list[ModelCard]:
+        """The served model's card first, then the embedding model's (if enabled)."""
         info = await self._model_info()
         cards = [
             ModelCard(
@@ -141,11 +181,16 @@ class Ingress:
             )
         ]
         if self._embedder is not None:
-            if self._embedding_model is None:
-                self._embedding_model = await self._embedder.model_name.remote()
-            name = self._embedding_model
-            cards.append(ModelCard(id=name, created=0, root=name, max_model_len=await self._embedding_len()))
-        return ModelList(data=cards).dump()
+            try:
+                if self._embedding_model is None:
+                    self._embedding_model = await self._embedder.model_name.remote()
+                name, max_len = self._embedding_model, await self._embedding_len()
+            except ApiError as exc:  # a dead Embedder leaves the chat model listed
+                if exc.status != 503:
+                    raise
+                return cards
+            cards.append(ModelCard(id=name, created=0, root=name, max_model_len=max_len))
+        return cards
 
     async def _embedding_len(self) -> int:
         return await self._embedder.max_input_tokens.remote()
@@ -154,15 +199,16 @@ class Ingress:
     async def status(self) -> dict[str, Any]:
         """Stats of every Scheduler replica: `broadcast` calls each running replica once (a plain
         handle call reaches one replica only), and the totals add them up."""
+        model_id = self._model_id(await self._model_info())  # first: a Scheduler that is down is a 503
         replicas, errors = await gather_stats(self._scheduler, _STATUS_TIMEOUT_S)
-        return status_body(self._model_id(await self._model_info()), replicas, errors)
+        return status_body(model_id, replicas, errors)
 
     @app.get("/metrics")
     async def metrics(self) -> Response:
         """vLLM's Prometheus metrics, totalled over every Scheduler replica that answered."""
+        model_id = self._model_id(await self._model_info())
         replicas, _ = await gather_stats(self._scheduler, _STATUS_TIMEOUT_S)
-        total = total_stats([stats for _, stats in replicas])
-        text = render_metrics(self._model_id(await self._model_info()), total)
+        text = render_metrics(model_id, total_stats([stats for _, stats in replicas]))
         return Response(text, media_type=METRICS_CONTENT_TYPE)
 
     @app.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))

@@ -7,17 +7,14 @@ from __future__ import annotations
 
 from engine.messages import SamplingParams
 
-from ray.serve.handle import DeploymentHandle
-
 from api.output_parser import OutputParsing
 from api.tool_choice import ToolChoice, apply, output_parsing
 from api.tool_parsers import AUTO, auto_name
+from deployments.watched_handle import WatchedHandle
 
 
 class OutputParsers:
-    def __init__(
-        self, tokenizer: DeploymentHandle, tool_call_parser: str | None, reasoning_parser: str | None
-    ):
+    def __init__(self, tokenizer: WatchedHandle, tool_call_parser: str | None, reasoning_parser: str | None):
         self._tokenizer = tokenizer
         self._tool_call_parser = tool_call_parser
         self._reasoning_parser = reasoning_parser

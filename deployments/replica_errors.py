@@ -3,7 +3,9 @@
 Owns the mapping from Ray's actor-death errors to that ApiError, for the Scheduler streams
 (deployments/generation.py) and, as a FastAPI exception handler, for every other handle call of the
 Ingress (Tokenizer, Embedder). Ray Serve starts a new replica; a retry reaches a live one. The message
-names no Ray internals (worker ids, addresses), which Ray's own error text is full of.
+names no Ray internals (worker ids, addresses), which Ray's own error text is full of. Also owns the
+other direction: the HTTP proxy that carried a request died (Serve shutting down), which for the app is
+the client going away.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from ray.exceptions import RayActorError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.dialect import error_response, route_path
 from api.errors import SERVER_ERROR, ApiError
@@ -35,3 +38,20 @@ async def _handle_replica_died(request: Request, exc: Exception) -> JSONResponse
 
 def install_replica_died_handler(app: FastAPI) -> None:
     app.add_exception_handler(RayActorError, _handle_replica_died)
+
+
+class ProxyGoneMiddleware:
+    """A request's `receive` that fails because its Ray Serve proxy died (`serve run` stopping, Ctrl-C)
+    reads as the client's disconnect, so open streams end quietly instead of each logging a traceback."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def receive_or_disconnect() -> Message:
+            try:
+                return await receive()
+            except RayActorError:
+                return {"type": "http.disconnect"}
+
+        await self.app(scope, receive_or_disconnect, send)

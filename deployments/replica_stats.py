@@ -7,13 +7,12 @@ from __future__ import annotations
 
 from engine.messages import EngineStats
 
-from ray.serve.handle import DeploymentHandle
-
 from deployments.messages import ReplicaStats
+from deployments.watched_handle import WatchedHandle
 
 
 async def gather_stats(
-    scheduler: DeploymentHandle, timeout_s: float
+    scheduler: WatchedHandle, timeout_s: float
 ) -> tuple[list[tuple[str, EngineStats]], list[str]]:
     """(replica id, stats) of every replica that answered, and an error line for each that did not.
     `broadcast` calls each running replica once; a plain handle call would reach one replica only."""

@@ -12,7 +12,6 @@ from collections.abc import Awaitable, Callable
 from engine.messages import GenerateRequest, ImageInputs
 
 from fastapi.responses import JSONResponse, Response
-from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 
 from api import sse
@@ -35,6 +34,7 @@ from deployments import chat_generation
 from deployments.messages import ModelInfo
 from deployments.output_parsing import OutputParsers
 from deployments.response_store import ResponseStore
+from deployments.watched_handle import WatchedHandle
 
 PROMPT_PARAM = "input"
 
@@ -42,8 +42,8 @@ PROMPT_PARAM = "input"
 class ResponsesRoutes:
     def __init__(
         self,
-        scheduler: DeploymentHandle,
-        tokenizer: DeploymentHandle,
+        scheduler: WatchedHandle,
+        tokenizer: WatchedHandle,
         resolve_model: Callable[[str], Awaitable[str]],
         model_info: Callable[[], Awaitable[ModelInfo]],
         parsers: OutputParsers,

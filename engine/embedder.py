@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from engine.errors import InvalidRequestError
+from engine.errors import InvalidRequestError, ModelLoadError, load_cause
 
 import mlx.core as mx
 import numpy as np
@@ -47,9 +47,17 @@ class Embedder:
     """
 
     def __init__(self, model: str | None = None):
-        model_dir = bundled_model_dir() if model is None else get_model_path(model)
+        try:
+            model_dir = bundled_model_dir() if model is None else get_model_path(model)
+            self._model, wrapper = load(str(model_dir))
+        except Exception as exc:
+            name = BUNDLED_MODEL_NAME if model is None else model
+            raise ModelLoadError(
+                f"could not load embedding model {name!r}: {load_cause(name, exc)}. Set "
+                "embedder.model in serve_config.yaml to an mlx-embeddings model directory or hub id, or leave "
+                "it unset for the bundled one"
+            ) from exc
         self.model_name = BUNDLED_MODEL_NAME if model is None else Path(model).name
-        self._model, wrapper = load(str(model_dir))
         self._tokenizer = getattr(wrapper, "_tokenizer", wrapper)  # the HF tokenizer under the wrapper
         self._prefix_ids, self._suffix_ids = _special_affixes(self._tokenizer)
         self._pad_id: int = self._tokenizer.pad_token_id or 0

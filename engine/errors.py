@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class EngineError(Exception):
     """Base of every error the engine raises at its boundary."""
@@ -34,3 +36,17 @@ class RequestFailedError(EngineError):
     """One request failed while running (for example its sampling raised); others go on."""
 
     code = "request_failed"
+
+
+class ModelLoadError(EngineError):
+    """The configured model could not be loaded; the message names it, the cause and what to change."""
+
+    code = "model_load_failed"
+
+
+def load_cause(model: str, exc: Exception) -> str:
+    """Why `model` did not load, in one line: a missing directory says so (the loaders would go on to
+    read the path as a hub id and complain about its form), anything else is the exception's text."""
+    if model.startswith(("/", "./", "../", "~")) and not Path(model).expanduser().exists():
+        return "no such directory"
+    return f"{type(exc).__name__}: {str(exc).rstrip('.')}"

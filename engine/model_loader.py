@@ -13,6 +13,7 @@ from pathlib import Path
 
 from engine.config import DEFAULT_MODEL, EngineConfig
 from engine.default_model import resolve_model_path
+from engine.errors import ModelLoadError, load_cause
 from engine.vision_model import is_vision_config, load_vision_model
 
 import mlx.core as mx
@@ -71,6 +72,21 @@ def model_name(config: EngineConfig, path: str) -> str:
 
 
 def load_model(config: EngineConfig) -> LoadedModel:
+    try:
+        return _load_model(config)
+    except Exception as exc:
+        raise _load_error(config, exc) from exc
+
+
+def _load_error(config: EngineConfig, exc: Exception) -> ModelLoadError:
+    """One line for the replica's log and `serve status`: which model, why, and what to change."""
+    return ModelLoadError(
+        f"could not load model {config.model!r}: {load_cause(config.model, exc)}. Set engine.model in "
+        f"serve_config.yaml to an mlx-lm model directory, a Hugging Face hub id or {DEFAULT_MODEL!r}"
+    )
+
+
+def _load_model(config: EngineConfig) -> LoadedModel:
     device = select_device(config)
     dtype = resolve_dtype(config, device)
     path = model_path(config, dtype)
@@ -96,12 +112,16 @@ def _load_vision(
 
 def load_tokenizer(config: EngineConfig) -> TokenizerWrapper:
     """The tokenizer alone, for processes that never run the model."""
-    path = Path(model_path(config, resolve_dtype(config, mx.default_device())))
-    if not path.exists():
-        from huggingface_hub import snapshot_download
+    try:
+        path = Path(model_path(config, resolve_dtype(config, mx.default_device())))
+        if not path.exists():
+            from huggingface_hub import snapshot_download
 
-        path = Path(snapshot_download(config.model, allow_patterns=["*.json", "*.model", "*.txt", "*.jinja"]))
-    return load_tokenizer_at(path)
+            patterns = ["*.json", "*.model", "*.txt", "*.jinja"]
+            path = Path(snapshot_download(config.model, allow_patterns=patterns))
+        return load_tokenizer_at(path)
+    except Exception as exc:
+        raise _load_error(config, exc) from exc
 
 
 def read_model_config(path: str) -> dict:

@@ -171,6 +171,8 @@ def assert_dialect_error(path: str, body: dict) -> None:
 
 @pytest.fixture(scope="module", autouse=True)
 def _server_is_up_before_and_after(http: httpx.Client):
-    assert http.get("/health").status_code == 200
+    health = http.get("/health")
+    assert health.status_code == 200, health.text
     yield
-    assert http.get("/health").status_code == 200
+    health = http.get("/health")
+    assert health.status_code == 200, health.text

@@ -29,6 +29,15 @@ def test_models_lists_the_served_name_and_the_embedding_model(client):
     assert [m.id for m in client.models.list().data] == [MODEL, "all-MiniLM-L6-v2"]
 
 
+def test_models_retrieve_answers_every_name_a_request_may_give(client):
+    for name in ("default", MODEL, "SmolLM2-135M-Instruct"):  # the alias, the served name, its own name
+        assert client.models.retrieve(name).id == MODEL
+    assert client.models.retrieve("all-MiniLM-L6-v2").id == "all-MiniLM-L6-v2"
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("gpt-4o")
+    assert err.value.code == "model_not_found" and err.value.param == "model"
+
+
 @pytest.mark.parametrize("model", ["default", MODEL])
 def test_chat_non_stream(client, model):
     response = client.chat.completions.create(model=model, messages=HELLO, max_tokens=8, temperature=0)
