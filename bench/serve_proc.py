@@ -108,7 +108,7 @@ def blas_report(server: ServerProcess, blas_path: str) -> dict:
         env = _environ(pid)
         procs.append({
             "pid": pid,
-            "cmd": _read(f"/proc/{pid}/cmdline").replace("\0", " ").strip()[:160],
+            "cmd": command_line(pid),
             "patched_openblas_mapped": blas_path in maps,
             "other_openblas_mapped": sorted({ln.split()[-1] for ln in maps.splitlines()
                                              if "libopenblas" in ln and blas_path not in ln}),
@@ -147,10 +147,24 @@ def stop(server: ServerProcess, grace_s: float = 45.0) -> None:
         server.proc.wait(10)
 
 
+def alive(tree: dict[int, str]) -> list[int]:
+    """The pids of `tree` (from `descendants`) still running as the same processes (same start time);
+    a zombie no longer runs."""
+    running = []
+    for pid, start_time in tree.items():
+        fields = _read(f"/proc/{pid}/stat").rsplit(")", 1)[-1].split()
+        if len(fields) > 19 and fields[19] == start_time and fields[0] != "Z":
+            running.append(pid)
+    return running
+
+
+def command_line(pid: int) -> str:
+    return _read(f"/proc/{pid}/cmdline").replace("\0", " ").strip()[:160]
+
+
 def _kill_if_same(pid: int, start_time: str) -> None:
     """SIGKILL pid only if it is still the process seen before (same start time), never a reused pid."""
-    fields = _read(f"/proc/{pid}/stat").rsplit(")", 1)[-1].split()
-    if len(fields) <= 19 or fields[19] != start_time:
+    if pid not in alive({pid: start_time}):
         return
     try:
         os.kill(pid, signal.SIGKILL)

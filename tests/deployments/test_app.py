@@ -67,7 +67,13 @@ def test_unknown_keys_are_refused():
 
 def test_actor_options_carry_fractional_cpus():
     options = AppConfig.model_validate({"tokenizer": {"num_cpus": 0.1}}).tokenizer.actor_options()
-    assert options == {"num_replicas": 1, "max_ongoing_requests": 64, "ray_actor_options": {"num_cpus": 0.1}}
+    assert options == {
+        "num_replicas": 1,
+        "max_ongoing_requests": 64,
+        "graceful_shutdown_timeout_s": 5.0,
+        "graceful_shutdown_wait_loop_s": 0.5,
+        "ray_actor_options": {"num_cpus": 0.1},
+    }
 
 
 def test_num_threads_reaches_the_scheduler_env_only_when_set():

@@ -1,6 +1,6 @@
 """`serve run serve_config.yaml` as the README starts it: its own Ray cluster, the shipped config (on a
-free port), every deployment healthy in `serve status`, the bundled model answering the SDKs, and
-OpenBLAS with the config's thread count in every process that runs MLX.
+free port), every deployment healthy in `serve status`, the bundled model answering the SDKs,
+OpenBLAS with the config's thread count in every process that runs MLX, and Ctrl-C ending it all.
 
 The other e2e tests share one app built in-process (conftest.py); this one runs the user's command.
 """
@@ -11,6 +11,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -87,5 +89,42 @@ def test_every_mlx_process_runs_openblas_with_the_configured_threads(served):
     assert report["ok"], report
 
     (replica,) = httpx.get(f"{served.base_url}/v1/status", timeout=30).json()["replicas"]
-    assert replica["compute"]["blas_detail"].endswith("2 threads")  # scheduler.num_threads: 2
-    assert replica["compute"]["decode"] == "c_forward"
+    compute = replica["compute"]
+    assert compute["blas_detail"].endswith("2 threads")  # scheduler.num_threads: 2
+    assert "DYNAMIC_ARCH" in compute["blas_config"] and compute["blas_core"] == blas.core
+    assert compute["decode"] == "c_forward" and compute["paired_prefill"] is True
+
+
+def _stream_until_cut(url: str) -> None:
+    body = {
+        "model": "default",
+        "messages": [{"role": "user", "content": "Count to a million."}],
+        "max_tokens": 2000,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    try:
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as response:
+            for _ in response.iter_lines():
+                pass
+    except httpx.HTTPError:
+        pass  # cut by the shutdown: what this test wants
+
+
+# Last in this module: it stops the server the tests above share.
+def test_ctrl_c_ends_every_process_of_serve_run_within_30_s(served):
+    streams = [threading.Thread(target=_stream_until_cut, args=(served.base_url,)) for _ in range(4)]
+    for stream in streams:
+        stream.start()
+    time.sleep(5)  # the streams are decoding
+    tree = serve_proc.descendants(served.proc.pid)
+    assert len(tree) > 10  # serve run, Ray's GCS, raylet, dashboard, the replicas, ...
+    os.killpg(served.proc.pid, signal.SIGINT)  # what Ctrl-C in its terminal sends
+    deadline = time.monotonic() + 30
+    while serve_proc.alive(tree) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = {pid: serve_proc.command_line(pid) for pid in serve_proc.alive(tree)}
+    assert not left, f"still running 30 s after SIGINT: {left}"
+    assert served.proc.wait(5) == 0
+    for stream in streams:
+        stream.join(30)
