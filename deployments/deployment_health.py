@@ -161,7 +161,8 @@ class DeploymentWatch:
         return DeploymentState(name, "DEPLOY_FAILED", 0, "Ray Serve reports that it failed to deploy.")
 
     def ensure_polling(self) -> None:
-        # Started from a request: the constructor may run outside the replica's event loop.
+        # From the Ingress's constructor, which Ray Serve runs on the replica's event loop; else (no
+        # loop there) from the first request.
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._poll_forever())
 
