@@ -2,7 +2,7 @@
 size limit and a timeout, local files (file:// or a path) refused unless the config allows them.
 
 Owns the rules that no request makes the server read a local file or reach a non-public address by
-default. Decoding the bytes as an image is the Tokenizer's (engine/image_processor.py). Errors are 400s
+default. Decoding the bytes as an image is the Tokenizer's (engine/prompt/image_processor.py). Errors are 400s
 naming the route's prompt field (`param`). No Ray, no MLX.
 """
 

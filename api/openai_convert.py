@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from engine.core.parallel_sampling import MAX_N
 from engine.messages import SamplingParams
-from engine.parallel_sampling import MAX_N
 
 from api.errors import invalid, model_not_found, unsupported
 from api.openai_schemas import (

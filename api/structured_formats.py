@@ -4,7 +4,7 @@ Owns the shape checks of OpenAI `response_format` (chat and completions, as vLLM
 `guided_json` / `guided_regex` / `guided_choice` extras, Anthropic
 `output_config.format` (and the beta's top-level `output_format`) and the Responses API's
 `text.format`. The schema itself is compiled and checked by the engine
-(engine/structured_output.py), whose error names the parameter. No MLX, no Ray.
+(engine/output/structured_output.py), whose error names the parameter. No MLX, no Ray.
 """
 
 from __future__ import annotations

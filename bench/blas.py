@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 PROBE = """
 import engine, json, statistics, sys, time
 import mlx.core as mx
-from engine.blas import blas_state
+from engine.platform.blas import blas_state
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from bench.engine import engine_decode, prompts
@@ -58,7 +58,7 @@ METRICS = ("matmul_gflops", "decode_1_tok_s", "decode_16_tok_s")
 
 
 def prepare_cmeel(version: str, folder: Path) -> Path:
-    """cmeel-openblas `version`'s library with the gfortran runtime beside it, as engine/blas.py used
+    """cmeel-openblas `version`'s library with the gfortran runtime beside it, as engine/platform/blas.py used
     to prepare it (RPATH $ORIGIN), in `folder`."""
     wheels = folder / "wheels"
     folder.mkdir(parents=True)

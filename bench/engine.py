@@ -14,9 +14,9 @@ vs OpenBLAS (a subprocess each, since BLAS is chosen when the process loads MLX)
 `--steady-state N`: N waves of 16 fresh requests through one engine until its prefix cache fills
 the pool, with the share of batched decode steps whose attention reads K/V in place per wave.
 `--prefill-ab`: the prefill of 16 ~200-token prompts that share a 32-token prefix (as chat prompts
-share a template's system prompt), chunks paired on two streams (engine/paired_prefill.py) or not.
+share a template's system prompt), chunks paired on two streams (engine/runner/cpu/paired_prefill.py) or not.
 `--decode-ab`: decode at 1, 4 and 16 sequences of ~200-token prompts, decode steps as one C forward
-(engine/cpu_decode.py) or as MLX operations, alternating on one engine.
+(engine/runner/cpu/cpu_decode.py) or as MLX operations, alternating on one engine.
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ import statistics
 import time
 
 import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
-from engine import activation_hook
-from engine.blas import blas_state, default_blas_threads
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.messages import GenerateRequest, SamplingParams
+from engine.platform.blas import blas_state, default_blas_threads
+from engine.runner.cpu import activation_hook
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, generate_step
@@ -230,7 +230,7 @@ def decode_ab(llm: LLMEngine, max_tokens: int, rounds: int) -> list[dict]:
     """Decode tokens/s with the C forward and with MLX's operations, alternating on one engine; the
     prompts are cached after the first round, so every round times decode steps only."""
     kernel = llm.runner.cpu_decode
-    assert kernel is not None, "the C decode forward is off here (see engine/cpu_decode.py)"
+    assert kernel is not None, "the C decode forward is off here (see engine/runner/cpu/cpu_decode.py)"
     rows = []
     print("| sequences | C forward tok/s | MLX tok/s | ratio |\n|---|---|---|---|")
     for num_seqs in (1, 4, 16):
@@ -254,7 +254,7 @@ def steady_state(llm: LLMEngine, waves: int) -> list[dict]:
     """Waves of 16 requests (~200-token prompts, 128 tokens, a new one as each ends) through one
     engine: once finished requests' cached prefixes fill the pool, new requests get blocks among
     them, and batched decode reads K/V in place only while each row's blocks stay in a few runs."""
-    from engine import paged_attention
+    from engine.runner import paged_attention
 
     plans: list[bool] = []
     plan_windows = paged_attention.plan_windows

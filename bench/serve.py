@@ -36,9 +36,9 @@ from bench import serve_load, serve_peers, serve_proc, serve_report
 SETUP_CODE = """
 import engine, json, sys
 from pathlib import Path
-from engine.blas import blas_state, default_blas_threads
-from engine.default_model import resolve_model_path
-from engine.paths import cache_dir
+from engine.platform.blas import blas_state, default_blas_threads
+from engine.models.default_model import resolve_model_path
+from engine.platform.paths import cache_dir
 from mlx_lm.utils import load_tokenizer
 from bench.serve_load import make_messages
 model_dir = resolve_model_path("bundled:smollm2-135m-instruct", "float32")
@@ -124,7 +124,7 @@ def ours_port(config: dict) -> int:
 
 def ours_blas_threads(config: dict, default: int) -> int:
     """What our Scheduler runs with: `scheduler.num_threads` (set through its runtime_env), else
-    engine/blas.py's default_blas_threads(), set in-process (so /proc/<pid>/environ cannot show it)."""
+    engine/platform/blas.py's default_blas_threads(), set in-process (so /proc/<pid>/environ cannot show it)."""
     for app in config.get("applications", []):
         threads = ((app.get("args") or {}).get("scheduler") or {}).get("num_threads")
         if threads:

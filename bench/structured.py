@@ -23,11 +23,11 @@ import platform
 import time
 
 import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
-from engine.blas import blas_state
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.messages import GenerateRequest, SamplingParams, StructuredOutputs
-from engine.structured_output import StructuredOutputManager
+from engine.output.structured_output import StructuredOutputManager
+from engine.platform.blas import blas_state
 
 SCHEMA = {
     "type": "object",

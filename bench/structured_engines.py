@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
 from engine.config import EngineConfig
-from engine.model_loader import load_tokenizer
+from engine.models.model_loader import load_tokenizer
 
 import jsonschema
 import numpy as np

@@ -10,7 +10,7 @@ Ray 2.60 defaults that bite, and what is set here instead:
 - `num_cpus` defaults to 1 per replica and replicas that do not fit stay PENDING forever. The
   Ingress, Tokenizer and Embedder are mostly idle, so they reserve fractions of a core.
 - Ray sets OMP_NUM_THREADS to floor(num_cpus) (at least 1) in every worker that does not set it, so
-  the BLAS thread count must not be left to OMP_NUM_THREADS. engine/blas.py sets OPENBLAS_NUM_THREADS
+  the BLAS thread count must not be left to OMP_NUM_THREADS. engine/platform/blas.py sets OPENBLAS_NUM_THREADS
   (which OpenBLAS reads first) to its measured default, cpu_count - 1, before loading OpenBLAS;
   `scheduler.num_threads` overrides both variables through the Scheduler's runtime_env, e.g. 1 when
   two replicas share two cores.
@@ -77,7 +77,7 @@ class SchedulerOptions(DeploymentOptions):
         description="Open streams per replica; beyond max_num_seqs they wait in the engine's queue.",
     )
     num_threads: int | None = Field(
-        None, ge=1, description="BLAS threads per replica; default: engine/blas.py's cpu_count - 1."
+        None, ge=1, description="BLAS threads per replica; default: engine/platform/blas.py's cpu_count - 1."
     )
 
     def runtime_env(self) -> dict[str, Any]:

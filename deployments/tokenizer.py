@@ -1,8 +1,8 @@
 """Tokenizer deployment: the served model's tokenizer alone (no weights), for the Ingress.
 
-Owns chat templating (with engine/chat_template.py's fallback for templates without tool support),
+Owns chat templating (with engine/prompt/chat_template.py's fallback for templates without tool support),
 prompt encoding, token counting and token texts for logprobs; for a vision-language model also the
-images (engine/image_processor.py, run in a worker thread). A request the template or tokenizer
+images (engine/prompt/image_processor.py, run in a worker thread). A request the template or tokenizer
 cannot take comes back as an `InvalidRequestError` value, not a raise.
 """
 
@@ -12,7 +12,10 @@ import asyncio
 import logging
 from typing import Any
 
-from engine.chat_template import (
+from engine.config import EngineConfig
+from engine.errors import InvalidRequestError
+from engine.messages import ImageInputs
+from engine.prompt.chat_template import (
     add_tools_prompt,
     flatten_tool_turns,
     needs_flattening,
@@ -20,10 +23,7 @@ from engine.chat_template import (
     renders_tools,
     template_source,
 )
-from engine.config import EngineConfig
-from engine.errors import InvalidRequestError
-from engine.image_processor import as_content_parts, load_image_preprocessor
-from engine.messages import ImageInputs
+from engine.prompt.image_processor import as_content_parts, load_image_preprocessor
 
 from jinja2 import TemplateError
 from ray import serve
@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 class Tokenizer:
     def __init__(self, engine_config: dict[str, Any]):
         # Imported here, not at the top: only this replica's process needs MLX and the model code.
-        from engine.model_loader import load_tokenizer
+        from engine.models.model_loader import load_tokenizer
 
         config = EngineConfig.model_validate(engine_config)
         self._tokenizer = load_tokenizer(config)

@@ -1,12 +1,12 @@
 """The inference engine, usable with no Ray at all.
 
 Importing this package loads OpenBLAS before MLX so that every process running the model gets
-fast CPU matmul (see engine/blas.py), and keeps glibc from unmapping MLX's large CPU buffers after
-each op (engine/allocator.py). Import `engine` before anything that imports `mlx.core`.
+fast CPU matmul (see engine/platform/blas.py), and keeps glibc from unmapping MLX's large CPU buffers after
+each op (engine/platform/allocator.py). Import `engine` before anything that imports `mlx.core`.
 """
 
-from engine.allocator import keep_heap
-from engine.blas import load_fast_blas
+from engine.platform.allocator import keep_heap
+from engine.platform.blas import load_fast_blas
 
 load_fast_blas()
 keep_heap()

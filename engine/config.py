@@ -59,14 +59,14 @@ class EngineConfig(BaseModel):
     cpu_math: bool | None = Field(
         None,
         description=(
-            "Attention softmax and SwiGLU use engine/cpu_math.py's exp (fused multiply-adds) instead of MLX's "
+            "Attention softmax and SwiGLU use engine/runner/cpu/cpu_math.py's exp (fused multiply-adds) instead of MLX's "
             "scalar CPU exp. None: on for MLX's CPU backend; False: MLX's own functions everywhere."
         ),
     )
     kv_in_place: bool | None = Field(
         None,
         description=(
-            "Batched decode attention reads K/V where they lie in the paged pools (engine/window_attention.py) "
+            "Batched decode attention reads K/V where they lie in the paged pools (engine/runner/cpu/window_attention.py) "
             "instead of gathering each row's context through its block table. None: on for MLX's CPU backend "
             "where the model's attention allows it; False: always gather."
         ),
@@ -76,7 +76,7 @@ class EngineConfig(BaseModel):
         None,
         description=(
             "A step's prefill chunks of similar length run two at a time, layer by layer on two MLX CPU "
-            "streams with one BLAS thread each (engine/paired_prefill.py). None: on for MLX's CPU backend "
+            "streams with one BLAS thread each (engine/runner/cpu/paired_prefill.py). None: on for MLX's CPU backend "
             "where OpenBLAS is loaded and the model's layer loop checks out at load; False: one at a time."
         ),
     )
@@ -84,7 +84,7 @@ class EngineConfig(BaseModel):
     cpu_decode: bool | None = Field(
         None,
         description=(
-            "Decode rows run as one C forward that calls OpenBLAS for the matmuls (engine/cpu_decode.py), "
+            "Decode rows run as one C forward that calls OpenBLAS for the matmuls (engine/runner/cpu/cpu_decode.py), "
             "built once with the system C compiler. None: on for MLX's CPU backend where the model is a plain "
             "float32 Llama-family model and the build and its load-time check succeed; False: MLX's path."
         ),

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from engine.core.request import Request, RequestStatus
 from engine.messages import EngineStats, LiveRequestStats
-from engine.request import Request, RequestStatus
 
 import mlx.core as mx
 

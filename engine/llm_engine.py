@@ -12,23 +12,23 @@ import os
 import queue
 import time
 
-from engine.block_pool import BlockPool
 from engine.config import EngineConfig
+from engine.core.block_pool import BlockPool
+from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.parallel_sampling import ParallelSampling, check_n, sample_id, sample_params
+from engine.core.request import Request
+from engine.core.scheduler import ScheduledRequest, Scheduler
+from engine.core.vision_state import vision_state
 from engine.engine_stats import collect_stats
 from engine.errors import ContextLengthExceededError, InvalidRequestError, QueueFullError
-from engine.kv_cache_manager import KVCacheManager
 from engine.messages import EngineStats, GenerateRequest, RequestOutput
-from engine.model_loader import load_model
-from engine.model_runner import DeviceTokens, ModelRunner, StepLogits, probe_layer_shapes
-from engine.output_processor import OutputProcessor
-from engine.paged_attention import KVStorage
-from engine.parallel_sampling import ParallelSampling, check_n, sample_id, sample_params
-from engine.request import Request
+from engine.models.model_loader import load_model
+from engine.output.output_processor import OutputProcessor
+from engine.output.sampler import Sampler, SamplingRow, samples_on_device, validate_params
+from engine.output.structured_output import StructuredOutputManager
 from engine.request_metrics import RequestMetrics
-from engine.sampler import Sampler, SamplingRow, samples_on_device, validate_params
-from engine.scheduler import ScheduledRequest, Scheduler
-from engine.structured_output import StructuredOutputManager
-from engine.vision_state import vision_state
+from engine.runner.model_runner import DeviceTokens, ModelRunner, StepLogits, probe_layer_shapes
+from engine.runner.paged_attention import KVStorage
 
 import mlx.core as mx
 

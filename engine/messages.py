@@ -17,7 +17,7 @@ FinishReason = Literal["stop", "length", "abort", "error"]
 
 @dataclass
 class StructuredOutputs:
-    """Constrains a request's output token by token (engine/structured_output.py). Exactly one field is set."""
+    """Constrains a request's output token by token (engine/output/structured_output.py). Exactly one field is set."""
 
     json_schema: dict[str, Any] | None = None
     json_object: bool = False
@@ -53,7 +53,7 @@ class SamplingParams:
 
 @dataclass
 class ImageInputs:
-    """A request's images as the model's processor prepared them (engine/image_processor.py): NumPy
+    """A request's images as the model's processor prepared them (engine/prompt/image_processor.py): NumPy
     arrays, never MLX ones, so they pickle across actors. The prompt's image tokens are already expanded."""
 
     pixel_values: np.ndarray
@@ -68,7 +68,7 @@ class GenerateRequest:
     prompt_token_ids: list[int]
     params: SamplingParams = field(default_factory=SamplingParams)
     images: ImageInputs | None = None  # only for a vision-language model
-    n: int = 1  # parallel samples of the one prompt (engine/parallel_sampling.py); outputs carry `index`
+    n: int = 1  # parallel samples of the one prompt (engine/core/parallel_sampling.py); outputs carry `index`
 
 
 @dataclass
@@ -143,12 +143,12 @@ class ComputePaths:
 
     device: str  # MLX's device: "cpu" or "gpu"
     dtype: str  # of the weights and the KV cache
-    blas: str  # engine/blas.py: "openblas", "custom", "reference" (~30x slower matmuls) or "native"
+    blas: str  # engine/platform/blas.py: "openblas", "custom", "reference" (~30x slower matmuls) or "native"
     blas_detail: str  # how it was loaded, or why not
     blas_config: str | None  # OpenBLAS's build: version, DYNAMIC_ARCH, MAX_THREADS; None: not OpenBLAS
     blas_core: str | None  # the kernels OpenBLAS chose for this CPU (Haswell, SkylakeX, NeoverseN1, ...)
-    decode: str  # "c_forward" (engine/cpu_decode.py), "cuda_graph" (engine/decode_graph.py) or "mlx"
-    paired_prefill: bool  # engine/paired_prefill.py
+    decode: str  # "c_forward" (engine/runner/cpu/cpu_decode.py), "cuda_graph" (engine/runner/cuda/decode_graph.py) or "mlx"
+    paired_prefill: bool  # engine/runner/cpu/paired_prefill.py
 
 
 @dataclass

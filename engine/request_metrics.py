@@ -10,8 +10,8 @@ import bisect
 import time
 from dataclasses import replace
 
+from engine.core.request import Request
 from engine.messages import Histogram
-from engine.request import Request
 
 # vLLM v1's buckets (vllm/v1/metrics/loggers.py), in seconds.
 TTFT_BOUNDS_S = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,

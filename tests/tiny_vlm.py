@@ -19,7 +19,7 @@ from pathlib import Path
 
 import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
 from engine.config import EngineConfig
-from engine.default_model import resolve_model_path
+from engine.models.default_model import resolve_model_path
 
 import mlx.core as mx
 import numpy as np

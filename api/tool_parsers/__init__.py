@@ -40,7 +40,7 @@ def canonical_name(name: str) -> str:
 
 def auto_name(template: str) -> str:
     """The format a chat template's text writes calls in. Templates that name none (or render no tools,
-    so engine/chat_template.py describes them in the Hermes format) get `hermes`."""
+    so engine/prompt/chat_template.py describes them in the Hermes format) get `hermes`."""
     if CALLS_BEGIN in template:
         return "deepseek"
     if "[TOOL_CALLS]" in template:

@@ -46,7 +46,7 @@ def _whole(parser: str, calls: str) -> str:
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from engine.default_model import ensure_default_model
+    from engine.models.default_model import ensure_default_model
 
     import llguidance.hf
     import transformers

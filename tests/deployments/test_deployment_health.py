@@ -12,7 +12,7 @@ from deployments.deployment_health import DeploymentState, DeploymentWatch, depl
 TRACEBACK = (
     "A replica failed to start with exception. Retrying 2 more time(s). Error:\n"
     "ray::ServeReplica:llm:Scheduler.initialize_and_get_metadata() (pid=1, ip=127.0.0.1)\n"
-    '  File "engine/model_loader.py", line 80, in load_model\n'
+    '  File "engine/models/model_loader.py", line 80, in load_model\n'
     "engine.errors.ModelLoadError: could not load model '/nope': no such directory."
 )
 DIED = "A replica's health check failed. This deployment will be UNHEALTHY until the replica recovers."

@@ -116,7 +116,7 @@ def test_forcing_an_unknown_tool_is_a_400(claude):
 
 
 def test_tools_on_a_template_without_tool_support_go_into_the_system_prompt(claude):
-    # The bundled SmolLM2 template never mentions `tools`: engine/chat_template.py describes them.
+    # The bundled SmolLM2 template never mentions `tools`: engine/prompt/chat_template.py describes them.
     tool = {"name": "colors", "input_schema": {"type": "object"}}
     with_tools = claude.messages.count_tokens(model=MODEL, messages=HELLO, tools=[tool]).input_tokens
     assert with_tools > claude.messages.count_tokens(model=MODEL, messages=HELLO).input_tokens + 20

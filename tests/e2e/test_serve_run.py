@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from engine.blas import blas_state
+from engine.platform.blas import blas_state
 
 import httpx
 import pytest

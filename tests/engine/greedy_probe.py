@@ -1,14 +1,14 @@
-"""Run as a script by tests/engine/test_blas.py in a fresh process (OPENBLAS_CORETYPE is read when
+"""Run as a script by tests/engine/platform/test_blas.py in a fresh process (OPENBLAS_CORETYPE is read when
 OpenBLAS loads): loads the engine, greedy-decodes the bundled model, prints the tokens and the BLAS."""
 
 import json
 import sys
 
 import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
-from engine.blas import blas_state
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.messages import GenerateRequest, SamplingParams
+from engine.platform.blas import blas_state
 
 from tests.engine.engine_helpers import chat_ids, run_to_completion, token_ids
 

@@ -1,9 +1,9 @@
 """The engine on the real bundled model: output equals mlx-lm's own greedy decoding."""
 
-from engine import paged_attention
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.messages import GenerateRequest
+from engine.runner import paged_attention
 
 import pytest
 
@@ -45,7 +45,9 @@ def test_single_request_equals_mlx_lm_greedy_and_mentions_paris(any_llm):
 @pytest.mark.parametrize("path", ["c-decode", "kv-in-place", "kv-gathered"])
 def test_staggered_batch_of_eight_equals_reference(any_llm, path, monkeypatch):
     llm = any_llm
-    assert llm.runner.cpu_decode is not None, "the bundled model decodes through engine/cpu_decode.py"
+    assert llm.runner.cpu_decode is not None, (
+        "the bundled model decodes through engine/runner/cpu/cpu_decode.py"
+    )
     assert llm.runner.pool_tokens is not None, "the bundled model's attention reads K/V in place"
     if path != "c-decode":
         monkeypatch.setattr(llm.runner, "cpu_decode", None)

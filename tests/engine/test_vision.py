@@ -3,12 +3,12 @@ real processor. Images are decoded, processed, embedded; generation equals mlx-v
 batch with text requests; blocks are freed; the prefix cache tells images apart."""
 
 import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
+from engine.core.vision_state import vision_state
 from engine.errors import InvalidRequestError
-from engine.image_processor import ImagePreprocessor
 from engine.llm_engine import LLMEngine
 from engine.messages import GenerateRequest, ImageInputs, SamplingParams
-from engine.vision_model import UnsupportedVisionModelError, load_vision_model
-from engine.vision_state import vision_state
+from engine.models.vision_model import UnsupportedVisionModelError, load_vision_model
+from engine.prompt.image_processor import ImagePreprocessor
 
 import mlx.core as mx
 import numpy as np

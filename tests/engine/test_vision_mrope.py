@@ -3,10 +3,10 @@
 token is shifted; the engine's chunked, batched prefill and decode must place them as mlx-vlm does."""
 
 import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
-from engine.image_processor import ImagePreprocessor
+from engine.core.vision_state import VisionState
 from engine.llm_engine import LLMEngine
 from engine.messages import GenerateRequest, ImageInputs, RequestOutput, SamplingParams
-from engine.vision_state import VisionState
+from engine.prompt.image_processor import ImagePreprocessor
 
 import mlx.core as mx
 import numpy as np

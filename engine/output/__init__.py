@@ -1,0 +1,3 @@
+"""From logits to what a client reads: sampling, structured-output masks, stop checks and
+detokenization.
+"""

@@ -1,0 +1,1 @@
+"""Turning chat messages and images into the model's inputs: chat templates and image processors."""

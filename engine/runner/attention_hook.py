@@ -1,0 +1,99 @@
+"""Routes an mlx-lm model's attention calls to the cache that holds the layer's K/V.
+
+Owns only the wrapper around each model module's `scaled_dot_product_attention`; never reads or
+writes KV itself. mlx-lm models call `scaled_dot_product_attention(q, k, v, cache=, scale=, mask=)`
+with whatever `cache.update_and_fetch` returned. A paged cache may return its pools instead of a
+gathered context, to read K/V where they lie; it then says so and answers for the attention:
+
+    cache.deferred                                    True: update_and_fetch returned the pools
+    cache.paged_attention(queries, keys, values, scale) -> (B, heads, L, D)
+    cache.gather(keys, values) -> (k_context, v_context, mask)   for mlx-lm's own attention, used
+                                                      when the call carries what the fast path does
+                                                      not know (attention sinks, extra arguments)
+
+A cache on MLX's CPU backend may also say `cache.cpu_attention`: attention over the context it
+returned then runs as engine/runner/cpu/cpu_math.py's (its softmax avoids MLX's scalar CPU exp).
+Every other cache goes straight to mlx-lm's function.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from engine.runner.cpu import cpu_math
+
+import mlx.core as mx
+from mlx import nn
+
+
+def install(model: nn.Module) -> bool:
+    """Wraps the attention function of the model's modules once. False where the model's module
+    has no such function: its caches must then hand back gathered context."""
+    module = sys.modules.get(type(model).__module__)
+    layers = getattr(model, "layers", None) or getattr(getattr(model, "model", None), "layers", [])
+    modules = {module} | {
+        sys.modules.get(type(getattr(layer, "self_attn", layer)).__module__) for layer in layers
+    }
+    patched = False
+    for mod in modules:
+        original = getattr(mod, "scaled_dot_product_attention", None)
+        if original is None:
+            continue
+        if not getattr(original, "_paged_hook", False):
+            mod.scaled_dot_product_attention = _dispatch(original)
+        patched = True
+    return patched
+
+
+def _dispatch(original):
+    def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None, **kwargs):
+        extra = {"sinks": sinks} if sinks is not None else {}
+        if getattr(cache, "deferred", False):
+            if not extra and not kwargs:
+                return cache.paged_attention(queries, keys, values, scale)
+            keys, values, mask = cache.gather(keys, values)
+        if getattr(cache, "cpu_attention", False) and not extra and not kwargs:
+            return cpu_math.attention(queries, keys, values, scale, mask)
+        return original(queries, keys, values, cache=cache, scale=scale, mask=mask, **extra, **kwargs)
+
+    scaled_dot_product_attention._paged_hook = True  # type: ignore[attr-defined]
+    return scaled_dot_product_attention
+
+
+class _RouteProbe:
+    """A deferred cache that only records whether its layer's attention reached it."""
+
+    offset = 0
+    deferred = True
+
+    def __init__(self) -> None:
+        self.routed = False
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        return keys, values
+
+    def paged_attention(self, queries: mx.array, keys: mx.array, values: mx.array, scale: float) -> mx.array:
+        self.routed = True
+        return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale)
+
+    def gather(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array, None]:
+        self.routed = True
+        return keys, values, None
+
+    def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None) -> None:
+        return None
+
+
+def full_attention(model: nn.Module) -> bool:
+    """True where no layer attends through a sliding window (mlx-lm gives those a RotatingKVCache)."""
+    return not hasattr(model, "make_cache") or all(type(c).__name__ == "KVCache" for c in model.make_cache())
+
+
+def routes_every_layer(model: nn.Module) -> bool:
+    """Installs the hook and checks, with one lazy one-token forward, that every layer's attention
+    goes through it: a layer that calls MLX's attention itself would read raw pools as context."""
+    if not install(model):
+        return False
+    probes = [_RouteProbe() for _ in model.layers]
+    model(mx.array([[0]]), cache=probes)
+    return all(p.routed for p in probes)

@@ -1,0 +1,3 @@
+"""Fast paths for MLX's CPU backend only; each one is picked, or refused with a reason, by
+engine/runner/backends.py.
+"""

@@ -1,0 +1,178 @@
+"""A compiled decode forward with bucketed shapes, for GPUs: one traced graph per (batch, context) bucket.
+
+Owns only the compiled function and the bucket arithmetic; the KV pools stay in `KVStorage` and
+pass through the graph as inputs and outputs, so each step's scatter updates them in place (the
+old pools are dropped before the graph runs). Never chooses blocks: it receives block tables.
+
+A step of B rows, each with one new token, runs padded to the bucket shapes:
+
+    rows      B -> B_pad  = next power of two      (padding rows: offset 0, every block the scratch block)
+    blocks    n -> n_pad  = next power of two      (padding entries: the scratch block, masked out)
+    write     slot of row b = table[b][offset_b // block_size] * block_size + offset_b % block_size
+    mask      key j of row b is visible iff j <= offset_b
+
+so a new batch size or a longer context reuses a graph already traced for its bucket.
+"""
+
+from __future__ import annotations
+
+from engine.runner.cuda import cuda_attention
+from engine.runner.cuda.fused_mlp import fuse_gate_up
+from engine.runner.cuda.small_matmul import matmul_t, use_small_rows_kernel
+from engine.runner.paged_attention import KVStorage
+
+import mlx.core as mx
+import numpy as np
+from mlx import nn
+
+
+def make_decode_graph(model: nn.Module, storage: KVStorage) -> DecodeGraph | None:
+    """The decode path for MLX's CUDA backend: paged attention kernel, fused gate/up, few-row matmul
+    kernel, compiled bucketed graph. None elsewhere (CPU, Metal, models the kernel cannot serve): the runner keeps
+    its portable eager path there."""
+    if getattr(model, "mrope", False):
+        return None  # the graph places rows at 1-D cache offsets; M-RoPE rows need explicit positions
+    head_dims = [(s.k_head_dim, s.v_head_dim) for s in storage.shapes]
+    if not cuda_attention.enable_for(model, head_dims, storage.keys[0].dtype):
+        return None
+    fuse_gate_up(model, matmul_t)
+    use_small_rows_kernel(model)
+    return DecodeGraph(model, storage, use_kernel=True)
+
+
+def bucket(n: int) -> int:
+    """The next power of two at or above n (n >= 1)."""
+    return 1 << (n - 1).bit_length()
+
+
+class _GraphLayerCache:
+    """mlx-lm's cache interface for one layer inside the traced graph; every index is an array."""
+
+    def __init__(self, keys: mx.array, values: mx.array, step: _StepArrays):
+        self.keys, self.values, self.step = keys, values, step
+
+    @property
+    def offset(self) -> mx.array:
+        return self.step.offsets
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        self.keys, k_ctx = self._update(self.keys, keys)
+        self.values, v_ctx = self._update(self.values, values)
+        return k_ctx, v_ctx
+
+    @property
+    def deferred(self) -> bool:
+        """With the kernel, update_and_fetch hands back the pools (engine/runner/attention_hook.py)."""
+        return self.step.use_kernel
+
+    def paged_attention(
+        self, queries: mx.array, k_pool: mx.array, v_pool: mx.array, scale: float
+    ) -> mx.array:
+        step = self.step
+        return cuda_attention.paged_decode_attention(queries, k_pool, v_pool, step.table, step.lengths, scale)
+
+    def gather(self, k_pool: mx.array, v_pool: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        return self._context(k_pool), self._context(v_pool), self._mask(None)
+
+    def _update(self, pool: mx.array, new: mx.array) -> tuple[mx.array, mx.array]:
+        heads, num_blocks, block_size, dim = pool.shape
+        batch = new.shape[0]
+        write, _ = self.step.rows(heads, num_blocks)
+        flat = pool.reshape(heads * num_blocks * block_size, dim)
+        flat[write] = new.transpose(1, 0, 2, 3).reshape(heads * batch, dim)
+        pool = flat.reshape(heads, num_blocks, block_size, dim)
+        return pool, pool if self.deferred else self._context(pool)
+
+    def _context(self, pool: mx.array) -> mx.array:
+        heads, num_blocks, block_size, dim = pool.shape
+        _, read = self.step.rows(heads, num_blocks)
+        context = mx.take(pool.reshape(heads * num_blocks, block_size * dim), read, axis=0)
+        return context.reshape(self.step.table.shape[0], heads, -1, dim)
+
+    def make_mask(
+        self, N: int, return_array: bool = False, window_size: int | None = None
+    ) -> mx.array | None:
+        assert N == 1
+        if self.deferred:
+            assert window_size is None, "the decode kernel serves full attention only"
+            return None
+        return self._mask(window_size)
+
+    def _mask(self, window_size: int | None) -> mx.array:
+        step = self.step
+        k_pos = mx.arange(step.table.shape[1] * step.block_size, dtype=mx.int32)
+        mask = k_pos[None, :] <= step.offsets[:, None]
+        if window_size is not None:
+            mask = mask & (k_pos[None, :] > step.offsets[:, None] - window_size)
+        return mask[:, None, None, :]
+
+    def is_trimmable(self) -> bool:
+        return False
+
+
+class _StepArrays:
+    def __init__(
+        self, offsets: mx.array, table: mx.array, slots: mx.array, block_size: int, use_kernel: bool
+    ):
+        self.offsets, self.table, self.slots, self.block_size = offsets, table, slots, block_size
+        self.use_kernel = use_kernel
+        self.lengths = offsets + 1
+        self._rows: dict[tuple[int, int], tuple[mx.array, mx.array]] = {}
+
+    def rows(self, heads: int, num_blocks: int) -> tuple[mx.array, mx.array]:
+        """Rows of a pool flattened head-major, built once per step and shared by every layer:
+        token rows to write, whole-block rows to read (batch-major, so the context needs no transpose)."""
+        if (heads, num_blocks) not in self._rows:
+            head = mx.arange(heads, dtype=mx.int32)
+            write = head[:, None] * (num_blocks * self.block_size) + self.slots[None, :]
+            read = head[None, :, None] * num_blocks + self.table[:, None, :]
+            self._rows[(heads, num_blocks)] = (write.reshape(-1), read.reshape(-1))
+        return self._rows[(heads, num_blocks)]
+
+
+class DecodeGraph:
+    """Runs B single-token rows through the model as one compiled, padded forward."""
+
+    def __init__(self, model: nn.Module, storage: KVStorage, use_kernel: bool = False):
+        self.model = model
+        self.use_kernel = use_kernel
+        self.storage = storage
+        self.block_size = storage.block_size
+        self.num_layers = len(storage.shapes)
+        self._compiled = mx.compile(self._forward)
+
+    def __call__(self, tokens: mx.array, offsets: list[int], tables: list[list[int]]) -> mx.array:
+        """tokens (B,) int32 (may be lazy); returns lazy logits (B, vocab) and installs the new pools."""
+        batch = len(offsets)
+        padded = bucket(batch)
+        table, offs, slots = self._layout(offsets, tables, padded)
+        if padded > batch:
+            tokens = mx.concatenate([tokens, mx.zeros((padded - batch,), mx.int32)])
+        pools = self.storage.arrays()
+        self.storage.keys.clear()
+        self.storage.values.clear()
+        logits, *new_pools = self._compiled(tokens, offs, table, slots, *pools)
+        del pools  # the graph holds the only reference, so the scatters run in place
+        self.storage.keys.extend(new_pools[: self.num_layers])
+        self.storage.values.extend(new_pools[self.num_layers :])
+        return logits[:batch] if padded > batch else logits
+
+    def _layout(
+        self, offsets: list[int], tables: list[list[int]], padded: int
+    ) -> tuple[mx.array, mx.array, mx.array]:
+        bs = self.block_size
+        width = bucket(max(len(t) for t in tables))
+        table = np.full((padded, width), self.storage.scratch_block, dtype=np.int32)
+        for row, blocks in zip(table, tables):
+            row[: len(blocks)] = blocks
+        offs = np.zeros(padded, dtype=np.int32)
+        offs[: len(offsets)] = offsets
+        slots = table[np.arange(padded), offs // bs] * bs + offs % bs
+        return mx.array(table), mx.array(offs), mx.array(slots.astype(np.int32))
+
+    def _forward(self, tokens, offsets, table, slots, *pools):
+        step = _StepArrays(offsets, table, slots, self.block_size, self.use_kernel)
+        n = self.num_layers
+        caches = [_GraphLayerCache(pools[i], pools[n + i], step) for i in range(n)]
+        logits = self.model(tokens[:, None], cache=caches)[:, -1, :]
+        return [logits, *(c.keys for c in caches), *(c.values for c in caches)]

@@ -1,0 +1,130 @@
+"""Decode steps as one C forward: built and used for the bundled model, the same greedy tokens as MLX's
+path, matching logits on other shapes, and refused where it cannot serve a model."""
+
+import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.messages import GenerateRequest, SamplingParams
+from engine.runner.cpu import cpu_decode
+from engine.runner.cpu.cpu_decode import make_cpu_decode
+from engine.runner.paged_attention import KVStorage, LayerShape
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx import nn
+from mlx_lm.models import llama
+
+from tests.engine.engine_helpers import chat_ids, run_to_completion, token_ids
+
+# Greedy, and never stopping early: every request is still decoding when the last one arrives.
+FIXED_LENGTH = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def mlx_decode() -> LLMEngine:
+    return LLMEngine(
+        EngineConfig(
+            kv_cache_memory_bytes=128 << 20, max_num_seqs=16, max_num_batched_tokens=128, cpu_decode=False
+        )
+    )
+
+
+def test_the_bundled_model_decodes_through_the_kernel(llm, mlx_decode):
+    assert llm.runner.cpu_decode is not None
+    assert mlx_decode.runner.cpu_decode is None
+    # and the stats the status endpoint shows say which path each engine took
+    assert llm.stats().compute.decode == "c_forward"
+    assert mlx_decode.stats().compute.decode == "mlx"
+
+
+def test_an_engine_on_the_kernel_samples_what_mlx_samples(llm, mlx_decode):
+    # Texts of its own: the session's engine caches prefixes, and other tests want theirs uncached.
+    texts = ["Name two rivers.", "What is three times four?", "Write a line about snow.", "Say bye."]
+    prompts = [chat_ids(llm, t) for t in texts] + [chat_ids(llm, texts[0]) + chat_ids(llm, texts[2])]
+    rows_seen: list[int] = []
+    original = llm.runner.cpu_decode.step
+
+    def counting(tokens, positions, tables, storage):
+        rows_seen.append(len(tokens))
+        return original(tokens, positions, tables, storage)
+
+    llm.runner.cpu_decode.step = counting  # type: ignore[method-assign]
+    try:
+        outs = {}
+        for name, engine_ in (("c", llm), ("mlx", mlx_decode)):
+            # Arrivals over three steps: decode batches of changing size, rows at different positions,
+            # and shared prefix blocks (the chat template's system prompt) read by several rows.
+            arrivals = {0: [], 1: [], 3: []}
+            for i, ids in enumerate(prompts):
+                arrivals[[0, 1, 3][min(i, 2)]].append(GenerateRequest(f"{name}-{i}", ids, FIXED_LENGTH))
+            result = run_to_completion(engine_, arrivals)
+            outs[name] = [token_ids(result[f"{name}-{i}"]) for i in range(len(prompts))]
+    finally:
+        llm.runner.cpu_decode.step = original  # type: ignore[method-assign]
+    assert max(rows_seen) == len(prompts) and min(rows_seen) == 1
+    assert outs["c"] == outs["mlx"]
+
+
+def tiny_llama(**overrides) -> nn.Module:
+    args = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 96}
+    args |= {"num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 50}
+    args |= {"rope_theta": 10000.0, "tie_word_embeddings": False}
+    mx.random.seed(3)
+    model = llama.Model(llama.ModelArgs(**(args | overrides)))
+    mx.eval(model.parameters())
+    return model
+
+
+def tiny_storage(model: nn.Module, block_size: int = 4) -> KVStorage:
+    attn = model.model.layers[0].self_attn
+    shape = LayerShape(attn.n_kv_heads, attn.head_dim, attn.head_dim)
+    return KVStorage([shape] * len(model.model.layers), 8, block_size, mx.float32)
+
+
+def test_another_shape_builds_and_matches_mlx_across_blocks():
+    # 16-wide heads, 2 query heads per K/V head, 4-token blocks, an untied head: the load probe decodes
+    # six tokens over two blocks per row and compares each step with MLX's forward.
+    model = tiny_llama()
+    assert make_cpu_decode(model, tiny_storage(model)) is not None
+    tied = tiny_llama(tie_word_embeddings=True, num_key_value_heads=4)
+    assert make_cpu_decode(tied, tiny_storage(tied, block_size=2)) is not None
+
+
+def test_a_kernel_that_disagrees_with_mlx_is_not_used(monkeypatch):
+    model = tiny_llama()
+    sizes = cpu_decode._llama_sizes(model, tiny_storage(model))
+    wrong = dict(sizes, ROPE_BASE="500.0f")  # positions rotate differently from the model's RoPE
+    monkeypatch.setattr(cpu_decode, "_llama_sizes", lambda *_: wrong)
+    assert make_cpu_decode(model, tiny_storage(model)) is None
+
+
+def test_models_it_cannot_serve_keep_mlx(monkeypatch):
+    for overrides in ({"attention_bias": True}, {"mlp_bias": True}, {"rope_traditional": True}):
+        model = tiny_llama(**overrides)
+        assert make_cpu_decode(model, tiny_storage(model)) is None, overrides
+    quantized = tiny_llama()
+    nn.quantize(quantized, group_size=32, bits=4)
+    assert make_cpu_decode(quantized, tiny_storage(quantized)) is None
+    half = tiny_llama()
+    half.set_dtype(mx.float16)
+    assert make_cpu_decode(half, tiny_storage(half)) is None
+
+
+def test_no_compiler_means_no_kernel(monkeypatch, tmp_path):
+    monkeypatch.setenv("MLX_RAY_SERVE_CACHE", str(tmp_path))  # nothing built yet
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    model = tiny_llama()
+    assert make_cpu_decode(model, tiny_storage(model)) is None
+
+
+def test_the_kernel_writes_each_rows_new_slot_and_nothing_else():
+    model = tiny_llama()
+    storage = tiny_storage(model)
+    decode = make_cpu_decode(model, storage)
+    before = [np.array(a) for a in storage.arrays()]
+    # Row 0 at position 5 (block 3, slot 1), row 1 at position 2 (block 6, slot 2).
+    decode.step([7, 9], [5, 2], [[2, 3], [6]], storage)
+    for i, (old, new) in enumerate(zip(before, storage.arrays())):
+        changed = np.argwhere(np.any(old != np.asarray(new), axis=-1))
+        assert sorted(map(tuple, changed[:, 1:])) == [(3, 1)] * 2 + [(6, 2)] * 2, i  # two heads each

@@ -1,0 +1,39 @@
+"""The CUDA decode-attention hook: off on the CPU, and transparent to every cache that is not a
+kernel-ready paged decode cache (the kernel itself runs only on an NVIDIA GPU: bench/gpu.py checks it)."""
+
+import sys
+
+import engine  # noqa: F401  # isort: split
+from engine.config import EngineConfig
+from engine.models.model_loader import load_model
+from engine.runner import attention_hook
+from engine.runner.cuda import cuda_attention
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(EngineConfig(device="cpu")).model
+
+
+def test_the_kernel_is_not_enabled_on_the_cpu(model):
+    module = sys.modules[type(model).__module__]
+    before = module.scaled_dot_product_attention
+    assert not cuda_attention.kernel_available()
+    assert not cuda_attention.enable_for(model, [(64, 64)], mx.float32)
+    assert module.scaled_dot_product_attention is before
+
+
+def test_installed_hook_passes_other_caches_to_the_original(model, monkeypatch):
+    module = sys.modules[type(model).__module__]
+    monkeypatch.setattr(module, "scaled_dot_product_attention", module.scaled_dot_product_attention)
+    tokens = mx.array([[1, 17, 256, 1024, 5]])
+    expected = model(tokens, cache=make_prompt_cache(model))
+    assert attention_hook.install(model)
+    hooked = module.scaled_dot_product_attention
+    assert attention_hook.install(model) and module.scaled_dot_product_attention is hooked  # wraps once
+    assert np.allclose(np.array(model(tokens, cache=make_prompt_cache(model))), np.array(expected), atol=1e-5)
