@@ -31,9 +31,9 @@ class BlockPool:
         assert num_blocks > 0
         self.num_blocks = num_blocks
         self._ref_cnt = [0] * num_blocks
-        self._hash_of: list[int | None] = [None] * num_blocks
+        self._hash_of: list[bytes | None] = [None] * num_blocks
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
-        self._by_hash: dict[int, int] = {}
+        self._by_hash: dict[bytes, int] = {}
         self.num_evictions = 0
         self._is_free = np.ones(num_blocks, dtype=bool)
         self._is_cached = np.zeros(num_blocks, dtype=bool)
@@ -136,10 +136,10 @@ class BlockPool:
                 if self._hash_of[block_id] is None:
                     self._free.move_to_end(block_id, last=False)
 
-    def lookup(self, block_hash: int) -> int | None:
+    def lookup(self, block_hash: bytes) -> int | None:
         return self._by_hash.get(block_hash)
 
-    def cache(self, block_id: int, block_hash: int) -> None:
+    def cache(self, block_id: int, block_hash: bytes) -> None:
         """Registers a full, computed block under its prefix hash (first writer wins)."""
         assert self._ref_cnt[block_id] > 0
         if self._hash_of[block_id] is not None or block_hash in self._by_hash:

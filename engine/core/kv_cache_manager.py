@@ -3,21 +3,32 @@
 Prefix-cache contract: `match_prefix` is read only; `allocate` locks the matched blocks (takes a
 reference) together with the new ones; `cache_full_blocks` inserts blocks once their KV is
 computed; `free` unlocks. Only unlocked blocks are ever evicted (the pool's free queue).
-A block's hash chains its parent's hash with its own tokens, so equal hashes mean equal prefixes.
+A block's hash is SHA-256 over its parent's hash, its own tokens and any salt (the images behind its
+image tokens), so equal hashes mean equal prefixes: a hit hands a request another request's KV, and
+Python's 64-bit `hash()` of the same inputs could collide (vLLM moved to SHA-256 for the same reason).
+
+    block hash = SHA-256( parent's hash, or 32 zero bytes for the first block
+                          || the block's token ids as little-endian int64
+                          || salt, if any )
 """
 
 from __future__ import annotations
 
+import hashlib
+import struct
 from dataclasses import dataclass
 
 from engine.core.block_pool import BlockPool
 from engine.core.request import Request
 
+BlockHash = bytes  # 32 bytes
+_ROOT = bytes(32)
+
 
 @dataclass
 class PrefixMatch:
     block_ids: list[int]
-    block_hashes: list[int]
+    block_hashes: list[BlockHash]
 
     @property
     def num_blocks(self) -> int:
@@ -27,12 +38,16 @@ class PrefixMatch:
 NO_MATCH = PrefixMatch([], [])
 
 
-def chain_hash(parent: int | None, tokens: list[int], extra: int | None = None) -> int:
-    """`extra` keys what the tokens alone do not show: the images behind a block's image tokens."""
-    return hash((parent, tuple(tokens))) if extra is None else hash((parent, tuple(tokens), extra))
+def chain_hash(parent: BlockHash | None, tokens: list[int], salt: bytes | None = None) -> BlockHash:
+    """`salt` keys what the tokens alone do not show: the images behind a block's image tokens."""
+    digest = hashlib.sha256(parent or _ROOT)
+    digest.update(struct.pack(f"<{len(tokens)}q", *tokens))
+    if salt is not None:
+        digest.update(salt)
+    return digest.digest()
 
 
-def _block_extra(request: Request, index: int, block_size: int) -> int | None:
+def _block_extra(request: Request, index: int, block_size: int) -> bytes | None:
     vision = request.vision
     return None if vision is None else vision.block_key(index * block_size, (index + 1) * block_size)
 
@@ -55,7 +70,7 @@ class KVCacheManager:
         # The last token must be computed to get logits, so a full match stops one block short.
         max_blocks = (request.num_tokens - 1) // self.block_size
         match = PrefixMatch([], [])
-        parent: int | None = None
+        parent: BlockHash | None = None
         for i in range(max_blocks):
             tokens = request.all_token_ids[i * self.block_size : (i + 1) * self.block_size]
             parent = chain_hash(parent, tokens, _block_extra(request, i, self.block_size))

@@ -28,12 +28,12 @@ class VisionState:
     # and the shift of every later position, set once by engine/models/vision_model.py. None elsewhere.
     mrope_positions: np.ndarray | None = None
     rope_delta: int = 0
-    _key: int = field(init=False)
+    _key: bytes = field(init=False)
 
     def __post_init__(self) -> None:
-        self._key = hash(("images", self.inputs.image_hash))
+        self._key = b"images:" + self.inputs.image_hash.encode()
 
-    def block_key(self, start: int, end: int) -> int | None:
+    def block_key(self, start: int, end: int) -> bytes | None:
         """The images' key if any image token lies in prompt positions [start, end), else None."""
         i = bisect_left(self.image_positions, start)
         return self._key if i < len(self.image_positions) and self.image_positions[i] < end else None

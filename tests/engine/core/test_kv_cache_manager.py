@@ -1,5 +1,5 @@
 from engine.core.block_pool import BlockPool
-from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.kv_cache_manager import KVCacheManager, chain_hash
 from engine.core.request import Request
 from engine.messages import SamplingParams
 
@@ -73,3 +73,17 @@ def test_a_new_run_is_placed_with_room_for_the_prompt_and_max_tokens():
     assert kv.allocate(second, 100) and second.block_ids == list(range(7, 34))
     first.num_computed_tokens = 4
     assert kv.allocate(first, 24) and first.block_ids == list(range(7))
+
+
+def test_block_hashes_are_sha256_over_parent_tokens_and_salt():
+    first = chain_hash(None, [1, 2, 3, 4])
+    assert len(first) == 32 and first == chain_hash(None, [1, 2, 3, 4])
+    # Each input changes the hash: the parent, any token, the salt (images behind image tokens).
+    assert chain_hash(first, [5, 6, 7, 8]) != chain_hash(None, [5, 6, 7, 8])
+    assert chain_hash(None, [1, 2, 3, 5]) != first
+    assert chain_hash(None, [1, 2, 3, 4], b"images:abc") not in (
+        first,
+        chain_hash(None, [1, 2, 3, 4], b"images:abd"),
+    )
+    # Token ids are 8 bytes each: ids past 2^32 (no vocabulary has them) still differ from small ones.
+    assert chain_hash(None, [2**32]) != chain_hash(None, [0]) != chain_hash(None, [0, 1])
