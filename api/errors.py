@@ -1,24 +1,17 @@
 """OpenAI error JSON: the one place where engine errors and request failures become status codes.
 
-Owns the shape `{"error": {"message", "type", "param", "code"}}` and the FastAPI handlers that make
-every failure use it (FastAPI's own `{"detail": ...}` must never reach a client). The handlers render
-through api/dialect.py, so routes under /v1/messages answer in Anthropic's shape. No Ray, no MLX.
+Owns `ApiError`, the shape `{"error": {"message", "type", "param", "code"}}` and the builders of each
+kind of failure; api/error_handlers.py makes every failure of the app use it. No Ray, no MLX.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
 from engine.errors import ContextLengthExceededError, EngineError, InvalidRequestError, QueueFullError
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
-logger = logging.getLogger(__name__)
 
 INVALID_REQUEST = "invalid_request_error"
 SERVER_ERROR = "server_error"
@@ -93,11 +86,9 @@ def from_validation_errors(errors: Sequence[Any]) -> ApiError:
     first = dict(ranked[0]) if ranked else {"type": "missing", "loc": (), "msg": "invalid request"}
     loc = [str(part) for part in first.get("loc", ()) if part != "body"]
     param = _param_path(loc) or None
-    kind = first.get("type")
+    kind, detail = first.get("type"), str(first.get("msg", ""))
     if kind == "json_invalid":
-        return ApiError(
-            400, "The request body is not valid JSON: " + first.get("msg", ""), code="invalid_json"
-        )
+        return ApiError(400, "The request body is not valid JSON: " + detail, code="invalid_json")
     if kind == "extra_forbidden":
         return ApiError(
             400, f"Unrecognized request argument supplied: {param}", param=param, code="unknown_parameter"
@@ -121,43 +112,3 @@ def _param_path(loc: list[str]) -> str:
         else:
             path += f".{part}" if path else part
     return path
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(ApiError, _handle_api_error)
-    app.add_exception_handler(RequestValidationError, _handle_validation_error)
-    app.add_exception_handler(StarletteHTTPException, _handle_http_exception)
-    app.add_exception_handler(Exception, _handle_unexpected)
-
-
-def _render(request: Request, error: ApiError) -> JSONResponse:
-    """The error in the dialect of the route that failed (Anthropic's under /v1/messages)."""
-    # Imported here: api/dialect.py imports ApiError from this module.
-    from api.dialect import error_response, route_path
-
-    return error_response(route_path(request.scope), error)
-
-
-async def _handle_api_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, ApiError)
-    return _render(request, exc)
-
-
-async def _handle_validation_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, RequestValidationError)
-    return _render(request, from_validation_errors(exc.errors()))
-
-
-async def _handle_http_exception(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, StarletteHTTPException)
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-    message = str(exc.detail)
-    if exc.status_code == 404:
-        message = f"No route {request.method} {request.url.path}."
-    kind = INVALID_REQUEST if exc.status_code < 500 else SERVER_ERROR
-    return _render(request, ApiError(exc.status_code, message, type=kind, code=code))
-
-
-async def _handle_unexpected(request: Request, exc: Exception) -> JSONResponse:
-    logger.exception("unhandled error in a request")
-    return _render(request, internal_error(f"internal error: {type(exc).__name__}: {exc}"))

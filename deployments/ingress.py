@@ -24,7 +24,8 @@ from api import sse
 from api.anthropic_schemas import CountTokensRequest, MessagesRequest
 from api.body import parse_body
 from api.config import LimitsConfig, SecurityConfig
-from api.errors import ApiError, from_engine_error, install_error_handlers, model_not_found
+from api.error_handlers import install_error_handlers
+from api.errors import ApiError, from_engine_error, model_not_found
 from api.guard import GuardMiddleware
 from api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from api.metrics import render_metrics

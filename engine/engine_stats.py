@@ -3,18 +3,34 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Literal, Protocol
 
+from engine.core.block_pool import BlockPool
+from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.request import Request, RequestStatus
-from engine.messages import EngineStats, LiveRequestStats
+from engine.core.scheduler import Scheduler
+from engine.messages import ComputePaths, EngineStats, LiveRequestStats
+from engine.request_metrics import RequestMetrics
 
 import mlx.core as mx
 
-if TYPE_CHECKING:
-    from engine.llm_engine import LLMEngine
+
+class StatsSource(Protocol):
+    """What a snapshot reads: the engine's parts and counters (engine/llm_engine.py's LLMEngine)."""
+
+    scheduler: Scheduler
+    pool: BlockPool
+    kv: KVCacheManager
+    metrics: RequestMetrics
+    compute: ComputePaths
+    num_steps: int
+    num_finished: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    started_s: float
 
 
-def collect_stats(engine: LLMEngine) -> EngineStats:
+def collect_stats(engine: StatsSource) -> EngineStats:
     scheduler, pool, kv = engine.scheduler, engine.pool, engine.kv
     ttft, itl, e2e, by_reason = engine.metrics.snapshot()
     return EngineStats(
@@ -43,6 +59,7 @@ def collect_stats(engine: LLMEngine) -> EngineStats:
 
 
 def _live(request: Request) -> LiveRequestStats:
+    phase: Literal["waiting", "prefill", "decode"]
     if request.status is RequestStatus.WAITING:
         phase = "waiting"
     else:

@@ -19,7 +19,8 @@ from pydantic import ValidationError
 
 from api.anthropic_schemas import MessagesRequest
 from api.body import parse_body
-from api.errors import from_engine_error, install_error_handlers
+from api.error_handlers import install_error_handlers
+from api.errors import from_engine_error
 from api.openai_schemas import ChatCompletionRequest, EmbeddingRequest
 from api.responses_schemas import ResponsesRequest
 

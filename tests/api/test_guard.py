@@ -11,7 +11,7 @@ from starlette.responses import StreamingResponse
 
 from api.body import parse_body
 from api.config import LimitsConfig, RateLimitConfig, SecurityConfig
-from api.errors import install_error_handlers
+from api.error_handlers import install_error_handlers
 from api.guard import GuardMiddleware
 from api.openai_schemas import EmbeddingRequest
 

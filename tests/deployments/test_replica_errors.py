@@ -6,7 +6,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from ray.exceptions import ActorDiedError
 
-from api.errors import install_error_handlers
+from api.error_handlers import install_error_handlers
 from deployments.replica_errors import install_replica_died_handler
 
 
