@@ -33,6 +33,7 @@ import os
 import platform
 import statistics
 import time
+from dataclasses import replace
 
 import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
 from engine.config import EngineConfig
@@ -179,16 +180,17 @@ def blas_compare(max_tokens: int) -> dict:
 def attention_ab(llm: LLMEngine, max_tokens: int, rounds: int) -> list[dict]:
     """Decode at 32 sequences with attention reading K/V in place vs gathering it through the
     block tables, at a short and a long context, alternating the two."""
-    in_place = llm.runner.pool_tokens
+    with_windows = llm.runner.attention
+    gathering = replace(with_windows, in_place=None)
     rows = []
     print("| context words | in place tok/s | gather tok/s | ratio |\n|---|---|---|---|")
     for words in (40, 250):
         batch = prompts(llm, 32, words)
         results: dict[str, list[float]] = {"in_place": [], "gather": []}
         for mode in ["in_place", "gather"] * (rounds + 1):
-            llm.runner.pool_tokens = in_place if mode == "in_place" else None
+            llm.runner.attention = with_windows if mode == "in_place" else gathering
             results[mode].append(engine_decode(llm, batch, max_tokens)["tok_s"])
-        llm.runner.pool_tokens = in_place
+        llm.runner.attention = with_windows
         row = {w: statistics.median(v[1:]) for w, v in results.items()}  # the first of each warms up
         row |= {"prompt_words": words, "runs": results, "ratio": row["in_place"] / row["gather"]}
         rows.append(row)
@@ -229,8 +231,8 @@ def prefill_ab(llm: LLMEngine, rounds: int) -> dict:
 def decode_ab(llm: LLMEngine, max_tokens: int, rounds: int) -> list[dict]:
     """Decode tokens/s with the C forward and with MLX's operations, alternating on one engine; the
     prompts are cached after the first round, so every round times decode steps only."""
-    kernel = llm.runner.cpu_decode
-    assert kernel is not None, "the C decode forward is off here (see engine/runner/cpu/cpu_decode.py)"
+    kernel = llm.runner.decode
+    assert llm.runner.choice.names["decode"] == "c_forward", llm.runner.choice.not_taken.get("c_forward")
     rows = []
     print("| sequences | C forward tok/s | MLX tok/s | ratio |\n|---|---|---|---|")
     for num_seqs in (1, 4, 16):
@@ -238,11 +240,11 @@ def decode_ab(llm: LLMEngine, max_tokens: int, rounds: int) -> list[dict]:
         results: dict[str, list[float]] = {"c_forward": [], "mlx": []}
         for r in range(rounds + 1):  # round 0 warms both up and is not counted
             for mode in ("c_forward", "mlx") if r % 2 else ("mlx", "c_forward"):
-                llm.runner.cpu_decode = kernel if mode == "c_forward" else None
+                llm.runner.decode = kernel if mode == "c_forward" else None
                 tok_s = engine_decode(llm, batch, max_tokens)["tok_s"]
                 if r:
                     results[mode].append(tok_s)
-        llm.runner.cpu_decode = kernel
+        llm.runner.decode = kernel
         row = {mode: statistics.median(v) for mode, v in results.items()}
         row |= {"sequences": num_seqs, "runs_tok_s": results, "ratio": row["c_forward"] / row["mlx"]}
         rows.append(row)
@@ -254,17 +256,17 @@ def steady_state(llm: LLMEngine, waves: int) -> list[dict]:
     """Waves of 16 requests (~200-token prompts, 128 tokens, a new one as each ends) through one
     engine: once finished requests' cached prefixes fill the pool, new requests get blocks among
     them, and batched decode reads K/V in place only while each row's blocks stay in a few runs."""
-    from engine.runner import paged_attention
+    from engine.runner.cpu import window_attention
 
     plans: list[bool] = []
-    plan_windows = paged_attention.plan_windows
+    plan_windows = window_attention.plan_windows
 
     def counted(*args, **kwargs):
         plan = plan_windows(*args, **kwargs)
         plans.append(plan is not None)
         return plan
 
-    paged_attention.plan_windows = counted
+    window_attention.plan_windows = counted
     params = SamplingParams(max_tokens=128, temperature=0.0, ignore_eos=True)
     rows = []
     print("| wave | tok/s | decode steps reading in place | blocks cached |\n|---|---|---|---|")
@@ -290,7 +292,7 @@ def steady_state(llm: LLMEngine, waves: int) -> list[dict]:
                 flush=True,
             )
     finally:
-        paged_attention.plan_windows = plan_windows
+        window_attention.plan_windows = plan_windows
     return rows
 
 
@@ -311,7 +313,7 @@ def main() -> None:
     args = ap.parse_args()
     llm = LLMEngine(EngineConfig(kv_cache_memory_bytes=1 << 30, max_num_seqs=64, max_num_batched_tokens=512))
     if args.steady_state or args.attention_ab:
-        llm.runner.cpu_decode = None  # both study MLX's decode attention, which the C forward replaces
+        llm.runner.decode = None  # both study MLX's decode attention, which the C forward replaces
     if args.steady_state:
         rows = steady_state(llm, args.steady_state)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

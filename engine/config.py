@@ -81,6 +81,15 @@ class EngineConfig(BaseModel):
         ),
     )
 
+    cuda_graph: bool | None = Field(
+        None,
+        description=(
+            "Decode rows run as one compiled, bucketed graph with the paged attention kernel "
+            "(engine/runner/cuda/decode_graph.py). None: on for MLX's CUDA backend where the model's "
+            "attention suits the kernel; False: the model's own call, eagerly."
+        ),
+    )
+
     cpu_decode: bool | None = Field(
         None,
         description=(

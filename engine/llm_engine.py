@@ -27,8 +27,11 @@ from engine.output.output_processor import OutputProcessor
 from engine.output.sampler import Sampler, SamplingRow, samples_on_device, validate_params
 from engine.output.structured_output import StructuredOutputManager
 from engine.request_metrics import RequestMetrics
+from engine.runner import backends
+from engine.runner.fast_path import Target
+from engine.runner.kv_storage import KVStorage
+from engine.runner.model_head import split_head
 from engine.runner.model_runner import DeviceTokens, ModelRunner, StepLogits, probe_layer_shapes
-from engine.runner.paged_attention import KVStorage
 
 import mlx.core as mx
 
@@ -51,14 +54,8 @@ class LLMEngine:
         self.pool = BlockPool(num_blocks)
         self.kv = KVCacheManager(self.pool, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
-        self.runner = ModelRunner(
-            loaded.model,
-            self.storage,
-            config.kv_in_place,
-            config.cpu_math,
-            config.paired_prefill,
-            config.cpu_decode,
-        )
+        target = Target(loaded.model, self.storage, loaded.device, split_head(loaded.model))
+        self.runner = ModelRunner(backends.choose(target, config))
         self.compute = self.runner.compute_paths()
         logger.info("%s compute paths: %s", self.model_name, self.compute)
         self.sampler = Sampler(config.seed)
@@ -70,7 +67,7 @@ class LLMEngine:
         self._requests: dict[str, Request] = {}
         self.parallel = ParallelSampling(hold_back=config.enable_prefix_caching)  # n > 1 requests
         self._in_flight: DeviceTokens | None = None  # a launched step whose tokens are not read yet
-        self.async_scheduling = _resolve_async_scheduling(config.async_scheduling)
+        self.async_scheduling = _resolve_async_scheduling(config.async_scheduling, loaded.device)
         self.num_steps = 0
         self.num_finished = 0
         self.prompt_tokens_total = 0
@@ -210,7 +207,7 @@ class LLMEngine:
         if launched is None:
             return []
         try:
-            token_ids = launched.token_ids.tolist()
+            token_ids: list[int] = launched.token_ids.tolist()  # type: ignore[assignment]  # (B,) int32
         except Exception as exc:
             logger.exception("step failed")
             return self._fail([s.request for s in launched.items], f"step failed: {exc}")
@@ -259,9 +256,9 @@ class LLMEngine:
             self._admit(request)
         outputs = []
         for rid in [s.request_id for s in samples] or [request_id]:
-            if (request := self._requests.get(rid)) is not None:
-                outputs.append(self.outputs.abort(request, "abort"))
-                self._finish(request)
+            if (found := self._requests.get(rid)) is not None:
+                outputs.append(self.outputs.abort(found, "abort"))
+                self._finish(found)
         return outputs
 
     def _fail(self, requests: list[Request], error: str) -> list[RequestOutput]:
@@ -298,8 +295,8 @@ class LLMEngine:
         return collect_stats(self)
 
 
-def _resolve_async_scheduling(configured: bool | None) -> bool:
-    return configured if configured is not None else mx.default_device().type == mx.DeviceType.gpu
+def _resolve_async_scheduling(configured: bool | None, device: str) -> bool:
+    return configured if configured is not None else device == "gpu"
 
 
 def _vocab_size(loaded) -> int:

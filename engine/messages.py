@@ -137,9 +137,9 @@ class Histogram:
 
 @dataclass(frozen=True)
 class ComputePaths:
-    """How one engine runs its model, fixed at load: what to check first when a replica is slow.
-    Each fast path falls back silently to a slower one where it cannot serve (no compiler, another
-    model family, another dtype), so this is where the fallback shows."""
+    """How one engine runs its model, fixed at load by engine/runner/backends.py: what to check first
+    when a replica is slow. A fast path that cannot serve the model falls back to a slower one, and
+    `not_taken` says why for each."""
 
     device: str  # MLX's device: "cpu" or "gpu"
     dtype: str  # of the weights and the KV cache
@@ -147,8 +147,12 @@ class ComputePaths:
     blas_detail: str  # how it was loaded, or why not
     blas_config: str | None  # OpenBLAS's build: version, DYNAMIC_ARCH, MAX_THREADS; None: not OpenBLAS
     blas_core: str | None  # the kernels OpenBLAS chose for this CPU (Haswell, SkylakeX, NeoverseN1, ...)
-    decode: str  # "c_forward" (engine/runner/cpu/cpu_decode.py), "cuda_graph" (engine/runner/cuda/decode_graph.py) or "mlx"
-    paired_prefill: bool  # engine/runner/cpu/paired_prefill.py
+    decode: str  # "c_forward", "cuda_graph" or "mlx" (the model's own call over paged caches)
+    attention: str  # batched decode attention: "window_attention" (K/V read in place) or "gather"
+    math: str  # softmax and SwiGLU: "cpu_math" or "mlx"
+    prefill: str  # "paired_prefill" (two chunks on two CPU streams) or "one_at_a_time"
+    kv_write: str  # who writes new K/V into the pools, for decode rows and prefill chunks
+    not_taken: dict[str, str] = field(default_factory=dict)  # fast path -> why it does not serve
 
 
 @dataclass

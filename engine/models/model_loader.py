@@ -35,6 +35,7 @@ class LoadedModel:
     path: str
     dtype: mx.Dtype
     context_len: int | None
+    device: str  # MLX's device type it runs on: "cpu" or "gpu"
     image_token_id: int | None = None  # set for a vision-language model (engine/models/vision_model.py)
 
 
@@ -93,21 +94,22 @@ def _load_model(config: EngineConfig) -> LoadedModel:
     set_dtype = config.dtype != "auto" or device == mx.Device(mx.cpu)
     model_config = read_model_config(path)
     if is_vision_config(model_config):
-        return _load_vision(config, local_model_dir(path), model_config, dtype, set_dtype)
+        return _load_vision(config, local_model_dir(path), model_config, dtype, set_dtype, device)
     model, tokenizer = mlx_lm_load(path)
     if set_dtype:
         model.set_dtype(_DTYPES[dtype])
     mx.eval(model.parameters())
     logger.info("loaded %s on %s as %s", path, device, dtype)
-    return LoadedModel(model, tokenizer, model_name(config, path), path, _DTYPES[dtype], _context_len(path))
+    name, context_len, kind = model_name(config, path), _context_len(path), device.type.name
+    return LoadedModel(model, tokenizer, name, path, _DTYPES[dtype], context_len, kind)
 
 
 def _load_vision(
-    config: EngineConfig, path: str, model_config: dict, dtype: str, set_dtype: bool
+    config: EngineConfig, path: str, model_config: dict, dtype: str, set_dtype: bool, device: mx.Device
 ) -> LoadedModel:
     model, tokenizer = load_vision_model(path, model_config, _DTYPES[dtype], set_dtype)
-    name, context_len = model_name(config, path), _context_len(path)
-    return LoadedModel(model, tokenizer, name, path, _DTYPES[dtype], context_len, model.image_token_id)
+    name, context_len, kind = model_name(config, path), _context_len(path), device.type.name
+    return LoadedModel(model, tokenizer, name, path, _DTYPES[dtype], context_len, kind, model.image_token_id)
 
 
 def load_tokenizer(config: EngineConfig) -> TokenizerWrapper:

@@ -11,16 +11,14 @@ gathered context, to read K/V where they lie; it then says so and answers for th
                                                       when the call carries what the fast path does
                                                       not know (attention sinks, extra arguments)
 
-A cache on MLX's CPU backend may also say `cache.cpu_attention`: attention over the context it
-returned then runs as engine/runner/cpu/cpu_math.py's (its softmax avoids MLX's scalar CPU exp).
-Every other cache goes straight to mlx-lm's function.
+A cache may also hand over `cache.context_attention`, a device's attention over the context it
+returned (engine/runner/backends.py picks it: on MLX's CPU backend engine/runner/cpu/cpu_math.py's,
+whose softmax avoids MLX's scalar exp). Every other call goes straight to mlx-lm's function.
 """
 
 from __future__ import annotations
 
 import sys
-
-from engine.runner.cpu import cpu_math
 
 import mlx.core as mx
 from mlx import nn
@@ -37,10 +35,10 @@ def install(model: nn.Module) -> bool:
     patched = False
     for mod in modules:
         original = getattr(mod, "scaled_dot_product_attention", None)
-        if original is None:
+        if mod is None or original is None:
             continue
         if not getattr(original, "_paged_hook", False):
-            mod.scaled_dot_product_attention = _dispatch(original)
+            mod.scaled_dot_product_attention = _dispatch(original)  # type: ignore[attr-defined]  # the module's global
         patched = True
     return patched
 
@@ -52,11 +50,12 @@ def _dispatch(original):
             if not extra and not kwargs:
                 return cache.paged_attention(queries, keys, values, scale)
             keys, values, mask = cache.gather(keys, values)
-        if getattr(cache, "cpu_attention", False) and not extra and not kwargs:
-            return cpu_math.attention(queries, keys, values, scale, mask)
+        attention = getattr(cache, "context_attention", None)
+        if attention is not None and not extra and not kwargs:
+            return attention(queries, keys, values, scale, mask)
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask, **extra, **kwargs)
 
-    scaled_dot_product_attention._paged_hook = True  # type: ignore[attr-defined]
+    scaled_dot_product_attention._paged_hook = True
     return scaled_dot_product_attention
 
 

@@ -13,14 +13,9 @@ from dataclasses import dataclass
 from engine.core.scheduler import ScheduledRequest, SchedulerPlan
 from engine.messages import ComputePaths
 from engine.models.vision_model import model_inputs
-from engine.platform.blas import blas_state, blas_thread_setter
-from engine.runner import attention_hook
-from engine.runner.cpu import activation_hook
-from engine.runner.cpu.cpu_decode import make_cpu_decode
-from engine.runner.cpu.paired_prefill import make_paired_prefill
-from engine.runner.cuda.decode_graph import make_decode_graph
-from engine.runner.model_head import split_head
-from engine.runner.paged_attention import KVStorage, LayerShape, PagedLayerCache, StepLayout
+from engine.runner.backends import Choice
+from engine.runner.kv_storage import LayerShape
+from engine.runner.paged_attention import PagedLayerCache, StepLayout
 
 import mlx.core as mx
 from mlx import nn
@@ -79,69 +74,25 @@ def probe_layer_shapes(model: nn.Module) -> list[LayerShape]:
 
 
 class ModelRunner:
-    def __init__(
-        self,
-        model: nn.Module,
-        storage: KVStorage,
-        kv_in_place: bool | None = None,
-        cpu_math: bool | None = None,
-        paired_prefill: bool | None = None,
-        cpu_decode: bool | None = None,
-    ):
-        self.model = model
-        self.storage = storage
-        self.block_size = storage.block_size
-        # MLX's CUDA backend: decode rows run as one compiled, bucketed graph with the paged attention
-        # kernel (engine/runner/cuda/decode_graph.py); None on other devices, which keep the eager path below.
-        self.decode_graph = make_decode_graph(model, storage)
-        # On the CPU, batched decode attention reads K/V in place (engine/runner/cpu/window_attention.py) where
-        # every layer is full attention and routes through the hook; elsewhere (Metal: not measured
-        # there) and for other models it gathers the context through the block tables.
-        in_place = (
-            (kv_in_place if kv_in_place is not None else mx.default_device().type == mx.DeviceType.cpu)
-            and self.decode_graph is None
-            and attention_hook.full_attention(model)
-            and attention_hook.routes_every_layer(model)
-        )
-        self.pool_tokens = storage.keys[0].shape[1] * self.block_size if in_place else None
-        # MLX's CPU exp is scalar code: attention's softmax and the MLP's SiLU run on engine/runner/cpu/cpu_math.py's
-        # instead, through the attention hook and a swap of mlx-lm's swiglu.
-        on_cpu = mx.default_device().type == mx.DeviceType.cpu
-        self.cpu_math = (cpu_math if cpu_math is not None else on_cpu) and self.decode_graph is None
-        if self.cpu_math:
-            attention_hook.install(model)
-            activation_hook.install(model)
+    def __init__(self, choice: Choice):
+        """`choice`: the model, its storage and the paths engine/runner/backends.py picked for them."""
+        target = choice.target
+        self.model = target.model
+        self.storage = target.storage
+        self.block_size = target.storage.block_size
+        self.choice = choice
+        # Decode rows as one fast call (the CUDA graph, the CPU's C forward), or None: the model's call.
+        self.decode = choice.decode
+        self.attention = choice.attention  # handed to every step's paged caches
         # A prefill chunk needs logits for its last token only (engine/runner/model_head.py); None: the
         # model's own call computes them for every token. None for VLMs too (no `model` backbone),
         # whose prefill needs the extra inputs of `model_inputs`.
-        self.head = split_head(model)
-        # On the CPU, a step's prefill chunks run two at a time on two streams
-        # (engine/runner/cpu/paired_prefill.py); it needs the head split to take their last rows.
-        pair = paired_prefill if paired_prefill is not None else on_cpu
-        self.paired = make_paired_prefill(model, blas_thread_setter()) if pair and self.head else None
-        # On the CPU, decode rows of a plain float32 Llama-family model run as one C forward
-        # (engine/runner/cpu/cpu_decode.py); None elsewhere, and for every other model.
-        use_c = (cpu_decode if cpu_decode is not None else on_cpu) and self.decode_graph is None
-        self.cpu_decode = make_cpu_decode(model, storage) if use_c else None
+        self.head = target.head
+        self.paired = choice.paired  # two prefill chunks at once, or None: one at a time
 
     def compute_paths(self) -> ComputePaths:
-        """Which of the paths above this runner took, for the status endpoint and the load log."""
-        blas = blas_state()
-        decode = "mlx"
-        if self.cpu_decode is not None:
-            decode = "c_forward"
-        elif self.decode_graph is not None:
-            decode = "cuda_graph"
-        return ComputePaths(
-            device=mx.default_device().type.name,
-            dtype=str(self.storage.keys[0].dtype).removeprefix("mlx.core."),
-            blas=blas.name,
-            blas_detail=blas.reason,
-            blas_config=blas.config,
-            blas_core=blas.core,
-            decode=decode,
-            paired_prefill=self.paired is not None,
-        )
+        """Which paths this runner took, for the status endpoint and the load log."""
+        return self.choice.compute_paths(str(self.storage.keys[0].dtype).removeprefix("mlx.core."))
 
     def execute(self, plan: SchedulerPlan, pending: DeviceTokens | None = None) -> StepLogits:
         decode = [s for s in plan.scheduled if s.num_new_tokens == 1]
@@ -195,9 +146,7 @@ class ModelRunner:
     ) -> list[PagedLayerCache]:
         tables = [s.request.block_ids[: -(-(s.start + num_new) // self.block_size)] for s in chunk]
         starts = [s.start for s in chunk]
-        layout = StepLayout(
-            starts, num_new, tables, self.block_size, self.pool_tokens, self.cpu_math, defer_writes
-        )
+        layout = StepLayout(starts, num_new, tables, self.block_size, self.attention, defer_writes)
         return [PagedLayerCache(self.storage, i, layout) for i in range(len(self.storage.shapes))]
 
     @staticmethod
@@ -217,13 +166,9 @@ class ModelRunner:
         return mx.where(is_known, mx.array([t or 0 for t in known], dtype=mx.int32), from_device)[:, None]
 
     def _forward(self, chunk: list[ScheduledRequest], num_new: int, tokens: mx.array) -> mx.array:
-        if num_new == 1 and self.cpu_decode is not None:
+        if num_new == 1 and self.decode is not None:
             tables = [s.request.block_ids[: -(-(s.start + 1) // self.block_size)] for s in chunk]
-            ids = tokens[:, 0].tolist()  # known tokens: async scheduling is off on the CPU backend
-            return self.cpu_decode.step(ids, [s.start for s in chunk], tables, self.storage)[:, None, :]
-        if num_new == 1 and self.decode_graph is not None:
-            tables = [s.request.block_ids[: -(-(s.start + 1) // self.block_size)] for s in chunk]
-            logits = self.decode_graph(tokens[:, 0], [s.start for s in chunk], tables)[:, None, :]
+            logits = self.decode.step(tokens[:, 0], [s.start for s in chunk], tables)[:, None, :]
         else:
             caches = self._caches(chunk, num_new)
             if num_new > 1 and self.head is not None:

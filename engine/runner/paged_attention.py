@@ -1,10 +1,11 @@
-"""Paged KV storage and the per-layer cache objects that plug it into mlx-lm models.
+"""The per-layer cache objects that plug the paged KV storage (engine/runner/kv_storage.py) into mlx-lm
+models, on any device.
 
-Owns the KV tensors on the MLX device (one K and one V pool per layer, shaped
-(kv_heads, num_blocks, block_size, head_dim)). A block of one head is one contiguous row, so
-the context gather is a row `take` straight into the (B, kv_heads, ctx, head_dim) layout
-that attention wants, with no transpose copy). Never decides which blocks a request gets: the
-model runner passes block tables that the scheduler's KV manager chose.
+Owns how one forward writes and reads the pools. A block of one head is one contiguous row, so the
+context gather is a row `take` straight into the (B, kv_heads, ctx, head_dim) layout that attention
+wants, with no transpose copy. Knows no device: a faster attention is handed in (`AttentionPaths`).
+Never decides which blocks a request gets: the model runner passes block tables that the scheduler's
+KV manager chose.
 
 mlx-lm models call `cache.offset` (RoPE position), `cache.update_and_fetch(k, v)` and, through
 `create_attention_mask`, `cache.make_mask(N)`. One forward covers B rows of L new tokens each:
@@ -16,43 +17,37 @@ mlx-lm models call `cache.offset` (RoPE position), `cache.update_and_fetch(k, v)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
-from engine.runner.cpu.window_attention import WindowPlan, plan_windows, window_attention
+from engine.runner.kv_storage import KVStorage
 
 import mlx.core as mx
 
+Attention = Callable[[mx.array, mx.array, mx.array, float, Any], mx.array]  # (q, k, v, scale, mask)
+
+
+class InPlaceAttention(Protocol):
+    """Batched decode attention that reads K/V where they lie in the pools (a device's fast path)."""
+
+    def plan(self, lengths: list[int], tables: list[list[int]], block_size: int) -> Any | None:
+        """A plan for rows of `lengths` tokens (the new one included), or None: gather instead."""
+
+    def attend(
+        self, queries: mx.array, k_pool: mx.array, v_pool: mx.array, plan: Any, scale: float
+    ) -> mx.array:
+        """(B, heads, 1, D) queries over the pools, as the plan reads them."""
+
 
 @dataclass(frozen=True)
-class LayerShape:
-    num_kv_heads: int
-    k_head_dim: int
-    v_head_dim: int
+class AttentionPaths:
+    """What engine/runner/backends.py picked for the paged cache: the cache calls these and never asks
+    which device it runs on. The defaults are the portable path: gather, MLX's attention."""
 
-
-class KVStorage:
-    def __init__(self, shapes: list[LayerShape], num_blocks: int, block_size: int, dtype: mx.Dtype):
-        self.shapes = shapes
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        # One block past the pool's: padding rows of a bucketed decode write there (engine/runner/cuda/decode_graph.py).
-        self.scratch_block = num_blocks
-        total = num_blocks + 1
-        self.keys = [mx.zeros((s.num_kv_heads, total, block_size, s.k_head_dim), dtype) for s in shapes]
-        self.values = [mx.zeros((s.num_kv_heads, total, block_size, s.v_head_dim), dtype) for s in shapes]
-        mx.eval(self.keys, self.values)
-
-    @staticmethod
-    def bytes_per_block(shapes: list[LayerShape], block_size: int, dtype: mx.Dtype) -> int:
-        per_token = sum(s.num_kv_heads * (s.k_head_dim + s.v_head_dim) for s in shapes)
-        return per_token * block_size * dtype.size
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.keys) + sum(a.nbytes for a in self.values)
-
-    def arrays(self) -> list[mx.array]:
-        return self.keys + self.values
+    in_place: InPlaceAttention | None = None  # batched decode reads the pools in place
+    prefill_attention: Attention | None = None  # attention over a prefill chunk's gathered context
+    launch_per_layer: bool = False  # launch each layer's K/V as it is built (a device that runs ahead little)
 
 
 class StepLayout:
@@ -64,22 +59,15 @@ class StepLayout:
         num_new: int,
         block_tables: list[list[int]],
         block_size: int,
-        pool_tokens: int | None = None,
-        cpu_math: bool = False,
+        paths: AttentionPaths = AttentionPaths(),
         defer_writes: bool = False,
     ):
-        """`pool_tokens` (tokens per head in a pool) where attention may read the pools in place
-        (engine/runner/cpu/window_attention.py; the model's attention is hooked), None to always gather.
-        `cpu_math`: attention's softmax runs as engine/runner/cpu/cpu_math.py's (MLX's CPU backend)."""
+        """`paths`: how attention runs (engine/runner/backends.py's choice for the model and device)."""
         self.batch = len(offsets)
-        self.cpu_math = cpu_math
+        self.paths = paths
         self.num_new = num_new
         self.block_size = block_size
         self._offsets = offsets
-        # MLX's CPU backend lets a launch run ahead of the host by only a few operations, so one
-        # launch per step leaves the device idle while Python builds the graph; a launch per layer
-        # overlaps the two. A GPU queues whole graphs, so there one launch per step is best.
-        self.launch_per_layer = mx.default_device().type == mx.DeviceType.cpu
         max_blocks = max(len(t) for t in block_tables)
         # One row needs no padding mask: its context is cut to exactly the tokens it has.
         self.ctx_len = offsets[0] + num_new if self.batch == 1 else max_blocks * block_size
@@ -102,16 +90,11 @@ class StepLayout:
         # streams run at once): each layer's cache keeps its new K/V for `write_deferred`.
         assert not defer_writes or self.batch == 1
         self.defer_writes = defer_writes
-        self.windows: WindowPlan | None = None
-        if pool_tokens is not None and num_new == 1 and self.batch > 1:
-            self.windows = plan_windows([o + 1 for o in offsets], block_tables, block_size, pool_tokens)
-        self._window_index: dict[int, list[mx.array]] = {}
-
-    def window_index(self, heads: int) -> list[mx.array]:
-        assert self.windows is not None
-        if heads not in self._window_index:
-            self._window_index[heads] = self.windows.window_index(heads)
-        return self._window_index[heads]
+        # Batched decode rows may read K/V in place, where the backend has such a path and the rows'
+        # blocks suit it; None: every row's context is gathered through its block table.
+        self.in_place_plan: Any | None = None
+        if paths.in_place is not None and num_new == 1 and self.batch > 1:
+            self.in_place_plan = paths.in_place.plan([o + 1 for o in offsets], block_tables, block_size)
 
     def rows(self, heads: int, num_blocks: int) -> tuple[mx.array, mx.array]:
         """Row indices into a pool flattened head-major: token rows to write, block rows to read."""
@@ -159,19 +142,19 @@ class PagedLayerCache:
         return self.layout.offset
 
     @property
-    def cpu_attention(self) -> bool:
-        """True: the hooked attention over the context this cache returns runs engine/runner/cpu/cpu_math.py's.
-        Prefill chunks only, where softmax covers L x S scores; a lone decode row (one query, and
-        batched decode goes through window attention instead) keeps MLX's one-query kernel."""
-        return self.layout.cpu_math and self.layout.num_new > 1
+    def context_attention(self) -> Attention | None:
+        """The attention the hook runs over the context this cache returns, where the backend picked
+        one: prefill chunks only, where softmax covers L x S scores; a lone decode row (one query) keeps
+        MLX's one-query kernel, and batched decode rows read in place or gather."""
+        return self.layout.paths.prefill_attention if self.layout.num_new > 1 else None
 
     @property
     def deferred(self) -> bool:
         """True when update_and_fetch hands back the pools: attention reads them in place."""
-        return self.layout.windows is not None
+        return self.layout.in_place_plan is not None
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        if self.layout.launch_per_layer:
+        if self.layout.paths.launch_per_layer:
             # Start the device on everything up to this layer while Python builds the rest.
             mx.async_eval(keys, values)
         if self.layout.defer_writes:
@@ -180,6 +163,7 @@ class PagedLayerCache:
                 return keys, values
             # The pools hold the cached prefix only: read it, then add the new K/V.
             prefix_len = self.layout.offset
+            assert isinstance(prefix_len, int), "deferred writes serve one row"
             k_prefix = self._context(self.storage.keys[self.layer], prefix_len)
             v_prefix = self._context(self.storage.values[self.layer], prefix_len)
             return mx.concatenate([k_prefix, keys], axis=2), mx.concatenate([v_prefix, values], axis=2)
@@ -194,9 +178,8 @@ class PagedLayerCache:
         self, queries: mx.array, k_pool: mx.array, v_pool: mx.array, scale: float
     ) -> mx.array:
         layout = self.layout
-        assert layout.windows is not None
-        index = layout.window_index(k_pool.shape[0])
-        return window_attention(queries, k_pool, v_pool, layout.windows, index, scale, layout.cpu_math)
+        assert layout.paths.in_place is not None and layout.in_place_plan is not None
+        return layout.paths.in_place.attend(queries, k_pool, v_pool, layout.in_place_plan, scale)
 
     def gather(self, k_pool: mx.array, v_pool: mx.array) -> tuple[mx.array, mx.array, mx.array | str | None]:
         return self._context(k_pool), self._context(v_pool), self.layout.mask(None)
@@ -246,8 +229,8 @@ class PagedLayerCache:
         self, N: int, return_array: bool = False, window_size: int | None = None
     ) -> mx.array | str | None:
         assert N == self.layout.num_new
-        if self.deferred:  # window attention masks each row's windows itself
-            assert window_size is None, "windows serve full attention only"
+        if self.deferred:  # in-place attention masks each row's context itself
+            assert window_size is None, "in-place attention serves full attention only"
             return None
         return self.layout.mask(window_size)
 

@@ -46,8 +46,9 @@ def test_status_derives_rates_and_keeps_the_oldest_uptime():
 
 def test_each_replica_row_shows_its_compute_paths_and_the_total_none():
     config = "OpenBLAS 0.3.34 DYNAMIC_ARCH NO_AFFINITY Haswell MAX_THREADS=64"
-    fast = ComputePaths("cpu", "float32", "openblas", "loaded", config, "Haswell", "c_forward", True)
-    slow = ComputePaths("cpu", "float32", "reference", "no OpenBLAS", None, None, "mlx", False)
+    paths = {"attention": "gather", "math": "mlx", "prefill": "one_at_a_time", "kv_write": "the paged cache"}
+    fast = ComputePaths("cpu", "float32", "openblas", "loaded", config, "Haswell", "c_forward", **paths)
+    slow = ComputePaths("cpu", "float32", "reference", "no OpenBLAS", None, None, "mlx", **paths)
     body = status_body("smol", [("r1", EngineStats(compute=fast)), ("r2", EngineStats(compute=slow))], [])
     assert [r["compute"]["decode"] for r in body["replicas"]] == ["c_forward", "mlx"]
     assert body["replicas"][0]["compute"]["blas_core"] == "Haswell"

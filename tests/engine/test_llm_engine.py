@@ -1,9 +1,11 @@
 """The engine on the real bundled model: output equals mlx-lm's own greedy decoding."""
 
+from dataclasses import replace
+
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.messages import GenerateRequest
-from engine.runner import paged_attention
+from engine.runner.cpu import window_attention
 
 import pytest
 
@@ -45,20 +47,18 @@ def test_single_request_equals_mlx_lm_greedy_and_mentions_paris(any_llm):
 @pytest.mark.parametrize("path", ["c-decode", "kv-in-place", "kv-gathered"])
 def test_staggered_batch_of_eight_equals_reference(any_llm, path, monkeypatch):
     llm = any_llm
-    assert llm.runner.cpu_decode is not None, (
-        "the bundled model decodes through engine/runner/cpu/cpu_decode.py"
-    )
-    assert llm.runner.pool_tokens is not None, "the bundled model's attention reads K/V in place"
+    assert llm.runner.choice.names["decode"] == "c_forward", "the bundled model decodes in C (cpu_decode.py)"
+    assert llm.runner.attention.in_place is not None, "the bundled model's attention reads K/V in place"
     if path != "c-decode":
-        monkeypatch.setattr(llm.runner, "cpu_decode", None)
+        monkeypatch.setattr(llm.runner, "decode", None)
     if path == "kv-gathered":
-        monkeypatch.setattr(llm.runner, "pool_tokens", None)
+        monkeypatch.setattr(llm.runner, "attention", replace(llm.runner.attention, in_place=None))
     reads, c_steps = [], []
     monkeypatch.setattr(
-        paged_attention, "window_attention", _counting(paged_attention.window_attention, reads)
+        window_attention, "window_attention", _counting(window_attention.window_attention, reads)
     )
     if path == "c-decode":
-        monkeypatch.setattr(llm.runner.cpu_decode, "step", _counting(llm.runner.cpu_decode.step, c_steps))
+        monkeypatch.setattr(llm.runner.decode, "step", _counting(llm.runner.decode.step, c_steps))
     prompts = [chat_ids(llm, p) for p in PROMPTS]
     arrivals = {i * 3: [GenerateRequest(f"b{i}", p, greedy(20))] for i, p in enumerate(prompts)}
     outputs = run_to_completion(llm, arrivals)

@@ -1,5 +1,6 @@
 """Swaps mlx-lm's `swiglu` (silu(gate) * x) in a model's modules for engine/runner/cpu/cpu_math.py's, whose
-exp is built from fused multiply-adds: MLX's CPU sigmoid is scalar code.
+exp is built from fused multiply-adds: MLX's CPU sigmoid is scalar code. Also the `cpu_math` plug-in
+(engine/runner/fast_path.py) that turns on that swap and cpu_math's attention for prefill chunks.
 
 Owns only that swap, done once per module and only where the module calls mlx-lm's own function
 (other activations are left alone). Never reads weights or the KV cache.
@@ -8,14 +9,34 @@ Owns only that swap, done once per module and only where the module calls mlx-lm
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from types import ModuleType
 
+from engine.runner import attention_hook
 from engine.runner.cpu import cpu_math
+from engine.runner.fast_path import Target
 
 from mlx import nn
 from mlx_lm.models import activations
+
+
+class CpuMath:
+    """Softmax and SwiGLU on cpu_math's exp: prefill attention through the attention hook, the MLP's
+    activation through the swap above."""
+
+    name = "cpu_math"
+    role = "math"
+    setting = "cpu_math"
+    devices: tuple[str, ...] = ("cpu",)
+
+    def applies(self, target: Target) -> str | None:
+        return None  # MLX operations: they run on any device, and pay off where MLX's exp is scalar
+
+    def build(self, target: Target, picked: Mapping[str, str]) -> tuple[object | None, str | None]:
+        attention_hook.install(target.model)
+        install(target.model)
+        return cpu_math, None
 
 
 def install(model: nn.Module) -> bool:

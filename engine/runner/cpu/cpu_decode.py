@@ -22,11 +22,13 @@ import os
 import platform
 import shutil
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 from engine.platform.blas import blas_state
 from engine.platform.paths import cache_dir
-from engine.runner.paged_attention import KVStorage
+from engine.runner.fast_path import Target
+from engine.runner.kv_storage import KVStorage
 
 import mlx.core as mx
 import numpy as np
@@ -44,7 +46,8 @@ _PROBE_TOLERANCE = 1e-3
 class CpuDecode:
     """Calls the built kernel for one decode step: (rows,) tokens at (rows,) positions -> (rows, vocab)."""
 
-    def __init__(self, lib: ctypes.CDLL, sgemm: int, weights: list[mx.array], vocab: int):
+    def __init__(self, lib: ctypes.CDLL, sgemm: int, weights: list[mx.array], vocab: int, storage: KVStorage):
+        self._storage = storage
         self._fn = lib.decode_forward
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 3
@@ -75,64 +78,94 @@ class CpuDecode:
             raise MemoryError("the C decode forward could not allocate its scratch memory")
         return logits
 
-    def step(self, tokens: list[int], positions: list[int], tables: list[list[int]], storage: KVStorage):
-        """One decode step over the engine's pools; waits for MLX's pending writes to them first."""
+    def step(self, tokens: mx.array, starts: list[int], tables: list[list[int]]) -> mx.array:
+        """One decode step over the engine's pools (engine/runner/fast_path.py's DecodePath); waits for
+        MLX's pending writes to them first. The tokens are known ones: async scheduling is off on the CPU."""
+        storage = self._storage
         mx.eval(storage.arrays())
         width = max(len(t) for t in tables)
         table = np.array([t + [t[-1]] * (width - len(t)) for t in tables], dtype=np.int32)
         pools = [_view(a) for pair in zip(storage.keys, storage.values) for a in pair]
         logits = self(
-            np.array(tokens, dtype=np.int32), np.array(positions, dtype=np.int32), table, pools,
+            np.array(tokens.tolist(), dtype=np.int32), np.array(starts, dtype=np.int32), table, pools,
             storage.keys[0].shape[1],
         )  # fmt: skip
         return mx.array(logits)
 
 
-def make_cpu_decode(model: nn.Module, storage: KVStorage) -> CpuDecode | None:
-    """A CpuDecode for `model`, or None where it cannot serve it: not MLX's CPU backend with a loaded BLAS,
-    not a plain float32 Llama-family model, no C compiler, or the probe's logits differ from MLX's."""
-    blas = blas_state()
-    if mx.default_device().type != mx.DeviceType.cpu or blas.path is None:
-        return None
-    sizes = _llama_sizes(model, storage)
-    if sizes is None:
-        return None
-    library = _build(sizes)
-    if library is None:
-        return None
-    backbone = model.model
-    head = model.lm_head.weight if "lm_head" in model else backbone.embed_tokens.weight
-    weights = [backbone.embed_tokens.weight, backbone.norm.weight, head]
-    for layer in backbone.layers:
-        attn, mlp = layer.self_attn, layer.mlp
-        weights += [layer.input_layernorm.weight, attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]
-        weights += [attn.o_proj.weight, layer.post_attention_layernorm.weight]
-        weights += [mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight]
-    sgemm = ctypes.cast(ctypes.CDLL(blas.path).cblas_sgemm, ctypes.c_void_p).value
-    decode = CpuDecode(ctypes.CDLL(str(library)), sgemm, weights, sizes["VOCAB"])
-    return decode if _probe_matches(decode, model, sizes) else None
+class CForwardDecode:
+    """The plug-in (engine/runner/fast_path.py): decode rows of mlx-lm's float32 Llama as one C forward."""
+
+    name = "c_forward"
+    role = "decode"
+    setting = "cpu_decode"
+    devices: tuple[str, ...] = ("cpu",)
+
+    def applies(self, target: Target) -> str | None:
+        if target.device != "cpu":
+            return "needs MLX's CPU backend"
+        if blas_state().path is None:
+            return "no BLAS library is loaded"
+        return _llama_refusal(target.model, target.storage)
+
+    def build(self, target: Target, picked: Mapping[str, str]) -> tuple[CpuDecode | None, str | None]:
+        model, storage = target.model, target.storage
+        sizes = _llama_sizes(model, storage)
+        library = _build(sizes)
+        if library is None:
+            return None, "the kernel did not build (no C compiler, or see the log)"
+        backbone = model.model
+        head = model.lm_head.weight if "lm_head" in model else backbone.embed_tokens.weight
+        weights = [backbone.embed_tokens.weight, backbone.norm.weight, head]
+        for layer in backbone.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            weights += [
+                layer.input_layernorm.weight,
+                attn.q_proj.weight,
+                attn.k_proj.weight,
+                attn.v_proj.weight,
+            ]
+            weights += [attn.o_proj.weight, layer.post_attention_layernorm.weight]
+            weights += [mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight]
+        sgemm = ctypes.cast(ctypes.CDLL(str(blas_state().path)).cblas_sgemm, ctypes.c_void_p).value
+        assert sgemm is not None, "the loaded BLAS exports cblas_sgemm"
+        decode = CpuDecode(ctypes.CDLL(str(library)), sgemm, weights, int(sizes["VOCAB"]), storage)
+        if not _probe_matches(decode, model, sizes):
+            return None, "its logits differ from MLX's on the load probe"
+        return decode, None
 
 
-def _llama_sizes(model: nn.Module, storage: KVStorage) -> dict[str, int | str] | None:
-    """The kernel's macros for `model`, or None unless it is mlx-lm's Llama with plain float32 layers."""
-    if type(model).__module__ != "mlx_lm.models.llama" or storage.keys[0].dtype != mx.float32:
-        return None
+def _llama_refusal(model: nn.Module, storage: KVStorage) -> str | None:
+    """Why the kernel cannot serve `model`, or None where it is mlx-lm's Llama with plain float32 layers."""
+    if type(model).__module__ != "mlx_lm.models.llama":
+        return f"serves mlx-lm's llama models only, not {type(model).__module__}"
+    if storage.keys[0].dtype != mx.float32:
+        return "serves float32 weights and KV only"
     backbone, args = model.model, model.args
     layers = backbone.layers
     if any(getattr(args, name, False) for name in ("attention_bias", "mlp_bias")):
-        return None
+        return "the model has attention or MLP biases"
     linears = [m for layer in layers for m in (*_projections(layer),)]
     if not all(type(m) is nn.Linear and "bias" not in m for m in linears):
-        return None
+        return "a projection is not a plain nn.Linear (quantized, or with a bias)"
     arrays = [m.weight for m in linears] + [backbone.embed_tokens.weight, backbone.norm.weight]
     if type(backbone.embed_tokens) is not nn.Embedding or any(a.dtype != mx.float32 for a in arrays):
-        return None
+        return "the embedding is not a plain float32 nn.Embedding"
     attn = layers[0].self_attn
     rope = attn.rope
     if type(rope) is not nn.RoPE or rope.traditional or rope.scale != 1.0 or rope.dims != attn.head_dim:
-        return None
+        return "the RoPE is scaled, traditional or partial"
     if attn.n_heads % attn.n_kv_heads or any(s != storage.shapes[0] for s in storage.shapes):
-        return None
+        return "layers differ in shape"
+    return None
+
+
+def _llama_sizes(model: nn.Module, storage: KVStorage) -> dict[str, int | str]:
+    """The kernel's macros for a model `_llama_refusal` accepts."""
+    backbone, args = model.model, model.args
+    layers = backbone.layers
+    attn = layers[0].self_attn
+    rope = attn.rope
     return {
         "H": args.hidden_size, "NQ": attn.n_heads, "KVH": attn.n_kv_heads, "HD": attn.head_dim,
         "FF": args.intermediate_size, "BS": storage.block_size, "NL": len(layers),

@@ -17,7 +17,10 @@ or the pools: the caches it is given hold their K/V back until both forwards are
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+
+from engine.platform.blas import blas_thread_setter
+from engine.runner.fast_path import Target
 
 import mlx.core as mx
 from mlx import nn
@@ -70,17 +73,43 @@ def _interleaved(backbone: nn.Module, tokens, caches, streams) -> list[mx.array]
     return out
 
 
-def make_paired_prefill(model: nn.Module, set_blas_threads: SetThreads | None) -> PairedPrefill | None:
-    """A PairedPrefill for `model` on MLX's CPU backend, or None where the layer loop would not
-    reproduce `model.model(...)` (checked on a short probe) or no BLAS thread setter is given."""
-    backbone = getattr(model, "model", None)
-    if set_blas_threads is None or mx.default_device().type != mx.DeviceType.cpu:
+class PairedPrefillPath:
+    """The plug-in (engine/runner/fast_path.py): prefill chunks two at a time on two CPU streams."""
+
+    name = "paired_prefill"
+    role = "prefill"
+    setting = "paired_prefill"
+    devices: tuple[str, ...] = ("cpu",)
+
+    def applies(self, target: Target) -> str | None:
+        if target.device != "cpu":
+            return "needs MLX's CPU backend (two CPU streams)"
+        if blas_thread_setter() is None:
+            return "needs OpenBLAS, whose thread count it sets per pair"
+        if target.head is None:
+            return "the model's head does not split from its backbone (engine/runner/model_head.py)"
+        backbone = getattr(target.model, "model", None)
+        if not all(isinstance(getattr(backbone, n, None), nn.Module) for n in ("embed_tokens", "norm")):
+            return "the backbone is not embed -> layers -> norm"
+        layers = getattr(backbone, "layers", None)
+        if not layers or any(getattr(layer, "use_sliding", False) for layer in layers):
+            return "a layer attends through a sliding window"
         return None
-    if not all(isinstance(getattr(backbone, n, None), nn.Module) for n in ("embed_tokens", "norm")):
-        return None
-    layers = getattr(backbone, "layers", None)
-    if not layers or any(getattr(layer, "use_sliding", False) for layer in layers):
-        return None
+
+    def build(self, target: Target, picked: Mapping[str, str]) -> tuple[PairedPrefill | None, str | None]:
+        setter = blas_thread_setter()
+        assert setter is not None
+        paired = make_paired_prefill(target.model, setter)
+        return (
+            (paired, None) if paired else (None, "the layer loop differs from the backbone's call on a probe")
+        )
+
+
+def make_paired_prefill(model: nn.Module, set_blas_threads: SetThreads) -> PairedPrefill | None:
+    """A PairedPrefill for `model`, or None where the layer loop would not reproduce `model.model(...)`
+    (checked on a short probe)."""
+    backbone = model.model
+    layers = backbone.layers
     paired = PairedPrefill(backbone, set_blas_threads)
     probes = [mx.array([[1, 2, 3, 4, 5]], dtype=mx.int32), mx.array([[6, 7, 8]], dtype=mx.int32)]
     try:

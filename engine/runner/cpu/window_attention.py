@@ -20,9 +20,12 @@ A pool (KVH, num_blocks, BS, D), seen flat as KVH * NT tokens (NT = num_blocks *
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
+from engine.runner import attention_hook
 from engine.runner.cpu import cpu_math
+from engine.runner.fast_path import Target
 
 import mlx.core as mx
 import numpy as np
@@ -39,14 +42,58 @@ class WindowPlan:
     firsts: np.ndarray  # (B, S) window start of each segment, flat within one head (shift applied)
     pool_tokens: int  # NT
     visible: mx.array  # (B, 1, 1, sum of widths) bool
+    _index: dict[int, list[mx.array]] = field(default_factory=dict, compare=False)  # per KVH, built once
 
     def window_index(self, num_kv_heads: int) -> list[mx.array]:
-        """Per slot, the window of each (b, h), ordered b-major: (B * KVH,) uint32."""
-        heads = np.arange(num_kv_heads)[None, :] * self.pool_tokens
-        return [
-            mx.array((self.firsts[:, [s]] + heads).reshape(-1).astype(np.uint32))
-            for s in range(len(self.widths))
-        ]
+        """Per slot, the window of each (b, h), ordered b-major: (B * KVH,) uint32; every layer of a
+        step with these heads shares it."""
+        if num_kv_heads not in self._index:
+            heads = np.arange(num_kv_heads)[None, :] * self.pool_tokens
+            self._index[num_kv_heads] = [
+                mx.array((self.firsts[:, [s]] + heads).reshape(-1).astype(np.uint32))
+                for s in range(len(self.widths))
+            ]
+        return self._index[num_kv_heads]
+
+
+class WindowedAttention:
+    """engine/runner/paged_attention.py's InPlaceAttention through windows over runs of blocks."""
+
+    def __init__(self, pool_tokens: int, cpu_softmax: bool):
+        self.pool_tokens = pool_tokens  # NT: tokens per head in a pool
+        self.cpu_softmax = cpu_softmax  # engine/runner/cpu/cpu_math.py's softmax
+
+    def plan(self, lengths: list[int], tables: list[list[int]], block_size: int) -> WindowPlan | None:
+        return plan_windows(lengths, tables, block_size, self.pool_tokens)
+
+    def attend(
+        self, queries: mx.array, k_pool: mx.array, v_pool: mx.array, plan: WindowPlan, scale: float
+    ) -> mx.array:
+        index = plan.window_index(k_pool.shape[0])
+        return window_attention(queries, k_pool, v_pool, plan, index, scale, self.cpu_softmax)
+
+
+class InPlaceWindows:
+    """The plug-in (engine/runner/fast_path.py): batched decode attention reads K/V in place. On by
+    default on the CPU, where memory bandwidth bounds decode attention (not measured on Metal)."""
+
+    name = "window_attention"
+    role = "attention"
+    setting = "kv_in_place"
+    devices: tuple[str, ...] = ("cpu",)
+
+    def applies(self, target: Target) -> str | None:
+        if not attention_hook.full_attention(target.model):
+            return "a layer attends through a sliding window"
+        return None
+
+    def build(self, target: Target, picked: Mapping[str, str]) -> tuple[WindowedAttention | None, str | None]:
+        # The hook must reach every layer: a layer that calls MLX's attention itself would read raw pools.
+        if not attention_hook.routes_every_layer(target.model):
+            return None, "a layer's attention does not go through the hook"
+        storage = target.storage
+        pool_tokens = storage.keys[0].shape[1] * storage.block_size
+        return WindowedAttention(pool_tokens, picked.get("math") == "cpu_math"), None
 
 
 def runs(table: list[int]) -> list[tuple[int, int]]:
@@ -108,11 +155,11 @@ def window_attention(
     flat_tokens = num_kv * num_blocks * block_size
     rows = mx.arange(batch * num_kv, dtype=mx.uint32)
     q = (queries * scale).reshape(batch * num_kv, num_q // num_kv, dim)
-    scores = []
+    per_slot = []
     for width, windows in zip(plan.widths, index):
         k_win = mx.as_strided(k_pool, (flat_tokens - width + 1, dim, width), (dim, 1, dim))  # K^T windows
-        scores.append(mx.gather_mm(q, k_win, rows, windows))  # (B*KVH, REP, W_s)
-    scores = mx.concatenate(scores, axis=-1) if len(scores) > 1 else scores[0]
+        per_slot.append(mx.gather_mm(q, k_win, rows, windows))  # (B*KVH, REP, W_s)
+    scores = mx.concatenate(per_slot, axis=-1) if len(per_slot) > 1 else per_slot[0]
     scores = scores.reshape(batch, num_kv, num_q // num_kv, -1)
     scores = mx.where(plan.visible, scores, mx.array(-float("inf"), scores.dtype))
     probs = cpu_math.softmax(scores) if cpu_softmax else mx.softmax(scores, axis=-1, precise=True)

@@ -19,10 +19,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from engine.runner import attention_hook
-
 import mlx.core as mx
-from mlx import nn
 
 _WARPS = 4
 
@@ -123,13 +120,3 @@ def paged_decode_attention(
         output_dtypes=[queries.dtype],
     )[0]
     return out.reshape(batch, num_q, 1, dim)
-
-
-def enable_for(model: nn.Module, head_dims: list[tuple[int, int]], dtype: mx.Dtype) -> bool:
-    """Installs the kernel for a model it can serve: CUDA, full attention in every layer, K and V
-    head dims equal and a multiple of 32. False leaves the model on the portable path."""
-    if not kernel_available() or not all(k == v and supports(k, dtype) for k, v in head_dims):
-        return False
-    if not attention_hook.full_attention(model):
-        return False  # sliding-window layers need the mask the kernel does not apply
-    return attention_hook.install(model)

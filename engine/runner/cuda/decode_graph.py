@@ -16,28 +16,48 @@ so a new batch size or a longer context reuses a graph already traced for its bu
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from engine.runner import attention_hook
 from engine.runner.cuda import cuda_attention
 from engine.runner.cuda.fused_mlp import fuse_gate_up
 from engine.runner.cuda.small_matmul import matmul_t, use_small_rows_kernel
-from engine.runner.paged_attention import KVStorage
+from engine.runner.fast_path import Target
+from engine.runner.kv_storage import KVStorage
 
 import mlx.core as mx
 import numpy as np
 from mlx import nn
 
 
-def make_decode_graph(model: nn.Module, storage: KVStorage) -> DecodeGraph | None:
-    """The decode path for MLX's CUDA backend: paged attention kernel, fused gate/up, few-row matmul
-    kernel, compiled bucketed graph. None elsewhere (CPU, Metal, models the kernel cannot serve): the runner keeps
-    its portable eager path there."""
-    if getattr(model, "mrope", False):
-        return None  # the graph places rows at 1-D cache offsets; M-RoPE rows need explicit positions
-    head_dims = [(s.k_head_dim, s.v_head_dim) for s in storage.shapes]
-    if not cuda_attention.enable_for(model, head_dims, storage.keys[0].dtype):
+class CudaGraphDecode:
+    """The plug-in (engine/runner/fast_path.py) for MLX's CUDA backend: paged attention kernel, fused
+    gate/up, few-row matmul kernel, compiled bucketed graph."""
+
+    name = "cuda_graph"
+    role = "decode"
+    setting = "cuda_graph"
+    devices: tuple[str, ...] = ("gpu",)
+
+    def applies(self, target: Target) -> str | None:
+        if target.device != "gpu" or not cuda_attention.kernel_available():
+            return "needs MLX's CUDA backend"
+        if getattr(target.model, "mrope", False):
+            return "M-RoPE rows need explicit positions; the graph places rows at 1-D cache offsets"
+        storage = target.storage
+        head_dims = [(s.k_head_dim, s.v_head_dim) for s in storage.shapes]
+        if not all(k == v and cuda_attention.supports(k, storage.keys[0].dtype) for k, v in head_dims):
+            return "the kernel needs equal K and V head dims, a multiple of 32 up to 256"
+        if not attention_hook.full_attention(target.model):
+            return "a layer attends through a sliding window, which the kernel does not mask"
         return None
-    fuse_gate_up(model, matmul_t)
-    use_small_rows_kernel(model)
-    return DecodeGraph(model, storage, use_kernel=True)
+
+    def build(self, target: Target, picked: Mapping[str, str]) -> tuple[DecodeGraph | None, str | None]:
+        if not attention_hook.install(target.model):
+            return None, "the model's attention cannot be hooked"
+        fuse_gate_up(target.model, matmul_t)
+        use_small_rows_kernel(target.model)
+        return DecodeGraph(target.model, target.storage, use_kernel=True), None
 
 
 def bucket(n: int) -> int:
@@ -141,7 +161,7 @@ class DecodeGraph:
         self.num_layers = len(storage.shapes)
         self._compiled = mx.compile(self._forward)
 
-    def __call__(self, tokens: mx.array, offsets: list[int], tables: list[list[int]]) -> mx.array:
+    def step(self, tokens: mx.array, offsets: list[int], tables: list[list[int]]) -> mx.array:
         """tokens (B,) int32 (may be lazy); returns lazy logits (B, vocab) and installs the new pools."""
         batch = len(offsets)
         padded = bucket(batch)

@@ -3,7 +3,8 @@
 import random
 
 import engine  # noqa: F401  # isort: split
-from engine.runner.paged_attention import KVStorage, LayerShape, PagedLayerCache, StepLayout
+from engine.runner.kv_storage import KVStorage, LayerShape
+from engine.runner.paged_attention import PagedLayerCache, StepLayout
 
 import mlx.core as mx
 import numpy as np

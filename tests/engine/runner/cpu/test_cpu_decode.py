@@ -6,8 +6,9 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.messages import GenerateRequest, SamplingParams
 from engine.runner.cpu import cpu_decode
-from engine.runner.cpu.cpu_decode import make_cpu_decode
-from engine.runner.paged_attention import KVStorage, LayerShape
+from engine.runner.cpu.cpu_decode import CForwardDecode, CpuDecode
+from engine.runner.fast_path import Target
+from engine.runner.kv_storage import KVStorage, LayerShape
 
 import mlx.core as mx
 import numpy as np
@@ -31,11 +32,12 @@ def mlx_decode() -> LLMEngine:
 
 
 def test_the_bundled_model_decodes_through_the_kernel(llm, mlx_decode):
-    assert llm.runner.cpu_decode is not None
-    assert mlx_decode.runner.cpu_decode is None
+    assert isinstance(llm.runner.decode, CpuDecode)
+    assert mlx_decode.runner.decode is None
     # and the stats the status endpoint shows say which path each engine took
     assert llm.stats().compute.decode == "c_forward"
     assert mlx_decode.stats().compute.decode == "mlx"
+    assert mlx_decode.stats().compute.not_taken["c_forward"] == "engine.cpu_decode is false"
 
 
 def test_an_engine_on_the_kernel_samples_what_mlx_samples(llm, mlx_decode):
@@ -43,13 +45,13 @@ def test_an_engine_on_the_kernel_samples_what_mlx_samples(llm, mlx_decode):
     texts = ["Name two rivers.", "What is three times four?", "Write a line about snow.", "Say bye."]
     prompts = [chat_ids(llm, t) for t in texts] + [chat_ids(llm, texts[0]) + chat_ids(llm, texts[2])]
     rows_seen: list[int] = []
-    original = llm.runner.cpu_decode.step
+    original = llm.runner.decode.step
 
-    def counting(tokens, positions, tables, storage):
+    def counting(tokens, positions, tables):
         rows_seen.append(len(tokens))
-        return original(tokens, positions, tables, storage)
+        return original(tokens, positions, tables)
 
-    llm.runner.cpu_decode.step = counting  # type: ignore[method-assign]
+    llm.runner.decode.step = counting  # type: ignore[method-assign]
     try:
         outs = {}
         for name, engine_ in (("c", llm), ("mlx", mlx_decode)):
@@ -61,7 +63,7 @@ def test_an_engine_on_the_kernel_samples_what_mlx_samples(llm, mlx_decode):
             result = run_to_completion(engine_, arrivals)
             outs[name] = [token_ids(result[f"{name}-{i}"]) for i in range(len(prompts))]
     finally:
-        llm.runner.cpu_decode.step = original  # type: ignore[method-assign]
+        llm.runner.decode.step = original  # type: ignore[method-assign]
     assert max(rows_seen) == len(prompts) and min(rows_seen) == 1
     assert outs["c"] == outs["mlx"]
 
@@ -82,6 +84,17 @@ def tiny_storage(model: nn.Module, block_size: int = 4) -> KVStorage:
     return KVStorage([shape] * len(model.model.layers), 8, block_size, mx.float32)
 
 
+def refusal(model, storage) -> str | None:
+    """Why the C forward does not serve `model`: its load-time check's answer, else its build's."""
+    target = Target(model, storage, "cpu", None)
+    return CForwardDecode().applies(target) or CForwardDecode().build(target, {})[1]
+
+
+def make_cpu_decode(model, storage) -> CpuDecode | None:
+    target = Target(model, storage, "cpu", None)
+    return None if CForwardDecode().applies(target) else CForwardDecode().build(target, {})[0]
+
+
 def test_another_shape_builds_and_matches_mlx_across_blocks():
     # 16-wide heads, 2 query heads per K/V head, 4-token blocks, an untied head: the load probe decodes
     # six tokens over two blocks per row and compares each step with MLX's forward.
@@ -96,26 +109,31 @@ def test_a_kernel_that_disagrees_with_mlx_is_not_used(monkeypatch):
     sizes = cpu_decode._llama_sizes(model, tiny_storage(model))
     wrong = dict(sizes, ROPE_BASE="500.0f")  # positions rotate differently from the model's RoPE
     monkeypatch.setattr(cpu_decode, "_llama_sizes", lambda *_: wrong)
-    assert make_cpu_decode(model, tiny_storage(model)) is None
+    assert refusal(model, tiny_storage(model)) == "its logits differ from MLX's on the load probe"
 
 
-def test_models_it_cannot_serve_keep_mlx(monkeypatch):
-    for overrides in ({"attention_bias": True}, {"mlp_bias": True}, {"rope_traditional": True}):
-        model = tiny_llama(**overrides)
-        assert make_cpu_decode(model, tiny_storage(model)) is None, overrides
+def test_models_it_cannot_serve_keep_mlx_and_say_why():
+    reasons = {"attention_bias": "biases", "mlp_bias": "biases", "rope_traditional": "RoPE"}
+    for override, word in reasons.items():
+        model = tiny_llama(**{override: True})
+        assert word in refusal(model, tiny_storage(model)), override
     quantized = tiny_llama()
     nn.quantize(quantized, group_size=32, bits=4)
-    assert make_cpu_decode(quantized, tiny_storage(quantized)) is None
+    assert "not a plain nn.Linear" in refusal(quantized, tiny_storage(quantized))
     half = tiny_llama()
     half.set_dtype(mx.float16)
-    assert make_cpu_decode(half, tiny_storage(half)) is None
+    assert "float32" in refusal(half, tiny_storage(half))
+    model = tiny_llama()
+    assert (
+        CForwardDecode().applies(Target(model, tiny_storage(model), "gpu", None)) == "needs MLX's CPU backend"
+    )
 
 
 def test_no_compiler_means_no_kernel(monkeypatch, tmp_path):
     monkeypatch.setenv("MLX_RAY_SERVE_CACHE", str(tmp_path))  # nothing built yet
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     model = tiny_llama()
-    assert make_cpu_decode(model, tiny_storage(model)) is None
+    assert "did not build" in refusal(model, tiny_storage(model))
 
 
 def test_the_kernel_writes_each_rows_new_slot_and_nothing_else():
@@ -124,7 +142,7 @@ def test_the_kernel_writes_each_rows_new_slot_and_nothing_else():
     decode = make_cpu_decode(model, storage)
     before = [np.array(a) for a in storage.arrays()]
     # Row 0 at position 5 (block 3, slot 1), row 1 at position 2 (block 6, slot 2).
-    decode.step([7, 9], [5, 2], [[2, 3], [6]], storage)
+    decode.step(mx.array([7, 9]), [5, 2], [[2, 3], [6]])
     for i, (old, new) in enumerate(zip(before, storage.arrays())):
         changed = np.argwhere(np.any(old != np.asarray(new), axis=-1))
         assert sorted(map(tuple, changed[:, 1:])) == [(3, 1)] * 2 + [(6, 2)] * 2, i  # two heads each

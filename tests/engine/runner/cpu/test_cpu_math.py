@@ -109,7 +109,7 @@ def test_split_head_only_where_backbone_then_head_is_the_whole_call():
 
 def test_the_engine_swaps_mlx_lms_swiglu_and_stock_restores_it_for_a_while(llm):
     module = sys.modules[type(llm.runner.model.layers[0].mlp).__module__]
-    assert llm.runner.cpu_math and module.swiglu is cpu_math.swiglu
+    assert llm.runner.choice.names["math"] == "cpu_math" and module.swiglu is cpu_math.swiglu
     with activation_hook.stock(llm.runner.model):
         assert module.swiglu is activations.swiglu
     assert module.swiglu is cpu_math.swiglu

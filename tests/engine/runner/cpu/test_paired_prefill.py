@@ -10,7 +10,9 @@ from engine.core.scheduler import ScheduledRequest
 from engine.llm_engine import LLMEngine
 from engine.messages import GenerateRequest
 from engine.platform.blas import blas_thread_setter
-from engine.runner.cpu.paired_prefill import make_paired_prefill
+from engine.runner.cpu.paired_prefill import PairedPrefillPath, make_paired_prefill
+from engine.runner.fast_path import Target
+from engine.runner.model_head import split_head
 from engine.runner.model_runner import pair_chunks
 
 import mlx.core as mx
@@ -91,10 +93,16 @@ class _Model(nn.Module):
         self.model = backbone
 
 
-def test_no_pairing_without_a_thread_setter_or_where_the_loop_differs(llm):
-    model = llm.runner.model
-    assert make_paired_prefill(model, None) is None
-    assert make_paired_prefill(_Model(_ScaledBackbone(model.model)), blas_thread_setter()) is None
+def test_no_pairing_off_the_cpu_without_a_head_or_where_the_loop_differs(llm, monkeypatch):
+    model, path = llm.runner.model, PairedPrefillPath()
+    head = split_head(model)
+    assert path.applies(Target(model, llm.storage, "cpu", head)) is None
+    assert "CPU" in path.applies(Target(model, llm.storage, "gpu", head))
+    assert "head" in path.applies(Target(model, llm.storage, "cpu", None))
+    monkeypatch.setattr("engine.runner.cpu.paired_prefill.blas_thread_setter", lambda: None)
+    assert "OpenBLAS" in path.applies(Target(model, llm.storage, "cpu", head))
+    scaled = _Model(_ScaledBackbone(model.model))
+    assert make_paired_prefill(scaled, blas_thread_setter()) is None  # the probe sees the loop differ
 
 
 def chunk(start: int, num_new: int) -> ScheduledRequest:

@@ -8,6 +8,10 @@ from engine.config import EngineConfig
 from engine.models.model_loader import load_model
 from engine.runner import attention_hook
 from engine.runner.cuda import cuda_attention
+from engine.runner.cuda.decode_graph import CudaGraphDecode
+from engine.runner.fast_path import Target
+from engine.runner.kv_storage import KVStorage
+from engine.runner.model_runner import probe_layer_shapes
 
 import mlx.core as mx
 import numpy as np
@@ -20,12 +24,14 @@ def model():
     return load_model(EngineConfig(device="cpu")).model
 
 
-def test_the_kernel_is_not_enabled_on_the_cpu(model):
+def test_the_graph_and_its_kernel_are_not_picked_on_the_cpu(model):
     module = sys.modules[type(model).__module__]
     before = module.scaled_dot_product_attention
     assert not cuda_attention.kernel_available()
-    assert not cuda_attention.enable_for(model, [(64, 64)], mx.float32)
-    assert module.scaled_dot_product_attention is before
+    storage = KVStorage(probe_layer_shapes(model), 4, 16, mx.float32)
+    for device in ("cpu", "gpu"):  # no CUDA backend here, whatever the device is called
+        assert CudaGraphDecode().applies(Target(model, storage, device, None)) == "needs MLX's CUDA backend"
+    assert module.scaled_dot_product_attention is before  # the check installs nothing
 
 
 def test_installed_hook_passes_other_caches_to_the_original(model, monkeypatch):

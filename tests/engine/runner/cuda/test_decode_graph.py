@@ -6,8 +6,9 @@ import engine  # noqa: F401  # isort: split
 from engine.config import EngineConfig
 from engine.models.model_loader import load_model
 from engine.runner.cuda.decode_graph import DecodeGraph, bucket
+from engine.runner.kv_storage import KVStorage
 from engine.runner.model_runner import probe_layer_shapes
-from engine.runner.paged_attention import KVStorage, PagedLayerCache, StepLayout
+from engine.runner.paged_attention import PagedLayerCache, StepLayout
 
 import mlx.core as mx
 import numpy as np
@@ -54,7 +55,7 @@ def test_compiled_decode_matches_the_paged_forward_over_two_steps(model):
         offsets = [n + step for n in lengths]
         step_tables = [t[: o // BS + 1] for t, o in zip(tables, offsets)]
         expected = _forward(model, eager, offsets, step_tables, tokens[:, None])
-        got = graph(tokens, offsets, step_tables)
+        got = graph.step(tokens, offsets, step_tables)
         mx.eval(got, *graph_storage.arrays())
         assert got.shape == expected.shape
         assert np.allclose(np.array(got), np.array(expected), atol=1e-4)
