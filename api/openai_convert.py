@@ -22,9 +22,10 @@ from api.openai_schemas import (
     EmbeddingRequest,
     _SamplingFields,
 )
-from api.openai_tools import template_calls
+from api.openai_tools import template_calls, template_tools
 from api.structured_formats import openai_structured
-from api.template_messages import image_part, parts_turn, text_part
+from api.template_messages import ChatPrompt, image_part, parts_turn, text_part
+from api.tool_choice import ToolChoice
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_MODEL_ALIAS = "default"
@@ -143,8 +144,14 @@ def _template_message(i: int, message: ChatMessage) -> dict[str, Any]:
     return out
 
 
-def add_generation_prompt(req: ChatCompletionRequest) -> bool:
-    return True if req.add_generation_prompt is None else req.add_generation_prompt
+def chat_prompt(req: ChatCompletionRequest, choice: ToolChoice) -> ChatPrompt:
+    """What the Tokenizer renders for a chat completion; vLLM's `add_generation_prompt` may leave the
+    assistant turn unopened."""
+    opens_turn = True if req.add_generation_prompt is None else req.add_generation_prompt
+    image_urls = tuple(chat_image_urls(req))
+    return ChatPrompt(
+        chat_messages(req), template_tools(choice), image_urls=image_urls, opens_turn=opens_turn
+    )
 
 
 def completion_prompts(req: CompletionRequest) -> list[str | list[int]]:
@@ -154,12 +161,15 @@ def completion_prompts(req: CompletionRequest) -> list[str | list[int]]:
         return [prompt]
     if not prompt:
         raise invalid("prompt", "'prompt' must not be an empty list")
-    if isinstance(prompt[0], int):
-        return [list(prompt)]  # type: ignore[arg-type]
+    if all(isinstance(item, int) for item in prompt):
+        return [[item for item in prompt if isinstance(item, int)]]  # one prompt of token ids
+    prompts: list[str | list[int]] = []
     for i, item in enumerate(prompt):
         if isinstance(item, list) and not item:
             raise invalid(f"prompt[{i}]", "a token-id prompt must not be empty")
-    return list(prompt)  # type: ignore[arg-type]
+        if isinstance(item, str | list):
+            prompts.append(item)
+    return prompts
 
 
 def embedding_inputs(req: EmbeddingRequest) -> list[str] | list[list[int]]:
@@ -169,9 +179,11 @@ def embedding_inputs(req: EmbeddingRequest) -> list[str] | list[list[int]]:
         return [data]
     if not data:
         raise invalid("input", "'input' must not be an empty list")
-    if isinstance(data[0], int):
-        return [list(data)]  # type: ignore[arg-type]
-    return list(data)  # type: ignore[arg-type]
+    if all(isinstance(item, int) for item in data):
+        return [[item for item in data if isinstance(item, int)]]  # one input of token ids
+    if all(isinstance(item, str) for item in data):
+        return [item for item in data if isinstance(item, str)]
+    return [item for item in data if isinstance(item, list)]
 
 
 # --- sampling ----------------------------------------------------------------------------------

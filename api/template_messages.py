@@ -70,7 +70,8 @@ class ChatPrompt:
     tools: list[Tool] | None = None
     continue_final_message: bool = False
     image_urls: tuple[str, ...] = ()  # one per image part, in prompt order: data:, http(s): or file: URLs
+    opens_turn: bool | None = None  # None: open an assistant turn unless continuing the last one
 
     @property
     def add_generation_prompt(self) -> bool:
-        return not self.continue_final_message
+        return not self.continue_final_message if self.opens_turn is None else self.opens_turn

@@ -21,6 +21,7 @@ from api.anthropic_schemas import CountTokensRequest, MessagesRequest
 from api.anthropic_stream import message_events
 from api.body import parse_body
 from api.config import ImageLimitsConfig
+from api.template_messages import ChatPrompt
 from deployments import chat_generation
 from deployments.messages import ModelInfo
 from deployments.output_parsing import OutputParsers
@@ -51,7 +52,7 @@ class AnthropicRoutes:
         check_supported(req)
         params = sampling_params(req)
         parsing = await self._parsers.for_request(tool_choice(req), params, "tool_choice")
-        ids, images = await self._prompt_inputs(req)
+        ids, images = await self._prompt_inputs(chat_prompt(req))
         # Anthropic's max_tokens is a ceiling, and Claude Code sends its own model's (32000) whatever
         # the served context: cap it to the room the prompt leaves; a prompt with no room still fails.
         room = (await self._model_info()).max_model_len - len(ids)
@@ -66,15 +67,9 @@ class AnthropicRoutes:
         frames = message_events(meta, state, generation.batches(), parsing)
         return sse.EventStreamResponse(frames, on_close=generation.cancel, heartbeat=generation.heartbeat)
 
-    async def _prompt_inputs(
-        self, req: CountTokensRequest | MessagesRequest
-    ) -> tuple[list[int], ImageInputs | None]:
-        prompt = chat_prompt(req)
-        if not prompt.image_urls:
-            return await chat_generation.prompt_ids(self._tokenizer, prompt, PROMPT_PARAM), None
-        info = await self._model_info()
-        return await chat_generation.image_prompt_inputs(
-            self._tokenizer, prompt, PROMPT_PARAM, info, self.image_limits
+    async def _prompt_inputs(self, prompt: ChatPrompt) -> tuple[list[int], ImageInputs | None]:
+        return await chat_generation.prompt_inputs(
+            self._tokenizer, prompt, PROMPT_PARAM, self._model_info, self.image_limits
         )
 
     async def count_tokens(self, request: Request) -> Response:
@@ -82,5 +77,5 @@ class AnthropicRoutes:
         req = await parse_body(request, CountTokensRequest)
         await self._resolve_model(req.model)
         check_supported(req)
-        ids, _ = await self._prompt_inputs(req)
+        ids, _ = await self._prompt_inputs(chat_prompt(req))
         return JSONResponse({"input_tokens": len(ids)})

@@ -4,6 +4,7 @@ one engine request through a `Generation`. Holds deployment handles only; conver
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 
 from engine.errors import EngineError
@@ -21,7 +22,7 @@ from deployments.watched_handle import WatchedHandle
 
 async def prompt_ids(tokenizer: WatchedHandle, prompt: ChatPrompt, prompt_param: str) -> list[int]:
     """The rendered prompt's token ids; a prompt the template refuses is a 400 blaming `prompt_param`."""
-    ids = await tokenizer.chat_prompt_ids.remote(
+    ids: list[int] | EngineError = await tokenizer.chat_prompt_ids.remote(
         prompt.messages, prompt.add_generation_prompt, prompt.tools, prompt.continue_final_message
     )
     if isinstance(ids, EngineError):
@@ -31,13 +32,25 @@ async def prompt_ids(tokenizer: WatchedHandle, prompt: ChatPrompt, prompt_param:
     return ids
 
 
+async def prompt_inputs(
+    tokenizer: WatchedHandle,
+    prompt: ChatPrompt,
+    prompt_param: str,
+    model_info: Callable[[], Awaitable[ModelInfo]],
+    limits: ImageLimitsConfig,
+) -> tuple[list[int], ImageInputs | None]:
+    """The rendered prompt's token ids and its processed images (None for a text-only prompt)."""
+    if not prompt.image_urls:
+        return await prompt_ids(tokenizer, prompt, prompt_param), None
+    return await image_prompt_inputs(tokenizer, prompt, prompt_param, await model_info(), limits)
+
+
 async def image_prompt_inputs(
     tokenizer: WatchedHandle,
     prompt: ChatPrompt,
     prompt_param: str,
     info: ModelInfo,
     limits: ImageLimitsConfig,
-    add_generation_prompt: bool | None = None,
 ) -> tuple[list[int], ImageInputs]:
     """A prompt with images: refused by a text-only model, else the images are loaded (api/images.py)
     and the Tokenizer processes them with the rendered prompt. Every failure is a 400."""
@@ -48,11 +61,11 @@ async def image_prompt_inputs(
             "model (docs/vision.md)",
         )
     images = await load_images(list(prompt.image_urls), limits, prompt_param)
-    result = await tokenizer.chat_prompt_inputs.remote(
+    result: tuple[list[int], ImageInputs] | EngineError = await tokenizer.chat_prompt_inputs.remote(
         prompt.messages,
         images,
         limits.max_image_pixels,
-        prompt.add_generation_prompt if add_generation_prompt is None else add_generation_prompt,
+        prompt.add_generation_prompt,
         prompt.tools,
         prompt.continue_final_message,
     )

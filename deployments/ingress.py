@@ -23,6 +23,7 @@ from ray.serve.handle import DeploymentHandle
 from api import sse
 from api.anthropic_schemas import CountTokensRequest, MessagesRequest
 from api.body import parse_body
+from api.choice_state import ChoiceState, Delta
 from api.config import LimitsConfig, SecurityConfig
 from api.error_handlers import install_error_handlers
 from api.errors import ApiError, from_engine_error, model_not_found
@@ -31,9 +32,7 @@ from api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from api.metrics import render_metrics
 from api.openai_convert import (
     DEFAULT_MODEL_ALIAS,
-    add_generation_prompt,
-    chat_image_urls,
-    chat_messages,
+    chat_prompt,
     chat_sampling_params,
     check_chat_supported,
     check_completion_supported,
@@ -45,8 +44,6 @@ from api.openai_convert import (
     samples_per_prompt,
 )
 from api.openai_outputs import (
-    ChoiceState,
-    Delta,
     ResponseMeta,
     TokenText,
     chat_chunk,
@@ -58,15 +55,14 @@ from api.openai_outputs import (
     embedding_list,
     logprob_token_ids,
 )
-from api.openai_responses import ModelCard, ModelList
+from api.openai_responses import ChatCompletionChunk, Completion, ModelCard, ModelList
 from api.openai_schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from api.openai_stream import sse_frames
-from api.openai_tools import template_tools, tool_choice
+from api.openai_tools import tool_choice
 from api.openapi import install_openapi, request_body
 from api.output_parser import OutputParser
 from api.responses_schemas import ResponsesRequest
 from api.status import status_body, total_stats
-from api.template_messages import ChatPrompt
 from deployments import chat_generation
 from deployments.anthropic_routes import AnthropicRoutes
 from deployments.deployment_health import DeploymentWatch, health_body, read_serve_status
@@ -194,7 +190,9 @@ class Ingress:
         return cards
 
     async def _embedding_len(self) -> int:
-        return await self._embedder.max_input_tokens.remote()
+        assert self._embedder is not None
+        length: int = await self._embedder.max_input_tokens.remote()
+        return length
 
     @app.get("/v1/status")
     async def status(self) -> dict[str, Any]:
@@ -220,23 +218,9 @@ class Ingress:
         params = chat_sampling_params(req)
         choice = tool_choice(req.tools, req.tool_choice, req.parallel_tool_calls)
         parsing = await self._parsers.for_request(choice, params, "tool_choice")
-        images = None
-        if image_urls := chat_image_urls(req):
-            prompt = ChatPrompt(chat_messages(req), template_tools(choice), image_urls=tuple(image_urls))
-            prompt_ids, images = await chat_generation.image_prompt_inputs(
-                self._tokenizer,
-                prompt,
-                "messages",
-                await self._model_info(),
-                self.limits.images,
-                add_generation_prompt(req),
-            )
-        else:
-            prompt_ids = await self._tokenizer.chat_prompt_ids.remote(
-                chat_messages(req), add_generation_prompt(req), template_tools(choice)
-            )
-        if isinstance(prompt_ids, EngineError):
-            raise from_engine_error(prompt_ids, "messages")
+        prompt_ids, images = await chat_generation.prompt_inputs(
+            self._tokenizer, chat_prompt(req, choice), "messages", self._model_info, self.limits.images
+        )
         meta = ResponseMeta.new("chatcmpl", model)
         n = samples_per_prompt(req)
         generation, states = await self._generate(meta, [prompt_ids], params, "messages", n, images)
@@ -247,7 +231,7 @@ class Ingress:
 
         parsers = [OutputParser(parsing) if parsing.active else None for _ in states]
 
-        def chunk(index: int, delta: Delta, first: bool, text: TokenText):
+        def chunk(index: int, delta: Delta, first: bool, text: TokenText) -> ChatCompletionChunk | None:
             return chat_chunk(meta, index, delta, first, include_usage(req), text, parsers[index])
 
         usage_chunk = (lambda: chat_usage_chunk(meta, states)) if include_usage(req) else None
@@ -270,7 +254,7 @@ class Ingress:
             await _collect(generation, states)
             return JSONResponse(completion(meta, states, await self._token_texts(states)).dump())
 
-        def chunk(index: int, delta: Delta, first: bool, text: TokenText):
+        def chunk(index: int, delta: Delta, first: bool, text: TokenText) -> Completion | None:
             return completion_chunk(meta, index, delta, include_usage(req), text)
 
         usage_chunk = (lambda: completion_usage_chunk(meta, states)) if include_usage(req) else None
@@ -351,4 +335,5 @@ class Ingress:
     async def _texts_for(self, ids: set[int]) -> TokenText:
         if not ids:
             return {}
-        return await self._tokenizer.token_texts.remote(sorted(ids))
+        texts: TokenText = await self._tokenizer.token_texts.remote(sorted(ids))
+        return texts

@@ -86,11 +86,8 @@ class ResponsesRoutes:
         return sse.EventStreamResponse(frames, on_close=generation.cancel, heartbeat=generation.heartbeat)
 
     async def _prompt_inputs(self, prompt: ChatPrompt) -> tuple[list[int], ImageInputs | None]:
-        if not prompt.image_urls:
-            return await chat_generation.prompt_ids(self._tokenizer, prompt, PROMPT_PARAM), None
-        info = await self._model_info()
-        return await chat_generation.image_prompt_inputs(
-            self._tokenizer, prompt, PROMPT_PARAM, info, self._image_limits
+        return await chat_generation.prompt_inputs(
+            self._tokenizer, prompt, PROMPT_PARAM, self._model_info, self._image_limits
         )
 
     def _history(self, previous_response_id: str | None) -> list[Message]:

@@ -10,6 +10,7 @@ from api.errors import ApiError
 from api.openai_convert import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
     chat_messages,
+    chat_prompt,
     chat_sampling_params,
     check_chat_supported,
     check_completion_supported,
@@ -21,6 +22,7 @@ from api.openai_convert import (
     samples_per_prompt,
 )
 from api.openai_schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from api.openai_tools import tool_choice
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -242,3 +244,21 @@ def test_unknown_model_is_404_model_not_found():
 def test_include_usage_only_when_streaming():
     assert include_usage(chat(stream=True, stream_options={"include_usage": True}))
     assert not include_usage(chat(stream=True))
+
+
+def test_chat_prompt_keeps_add_generation_prompt_tools_and_images():
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"},
+            {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}},
+        ]}],
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+    }  # fmt: skip
+    req = ChatCompletionRequest.model_validate(body)
+    prompt = chat_prompt(req, tool_choice(req.tools, req.tool_choice, req.parallel_tool_calls))
+    assert prompt.add_generation_prompt and prompt.image_urls == ("https://example.com/a.png",)
+    assert [tool["function"]["name"] for tool in prompt.tools or []] == ["f"]
+    unopened = ChatCompletionRequest.model_validate(body | {"add_generation_prompt": False})
+    prompt = chat_prompt(unopened, tool_choice(None, None, None))
+    assert not prompt.add_generation_prompt and not prompt.continue_final_message
