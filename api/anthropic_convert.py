@@ -7,6 +7,8 @@ direction lives in api/anthropic_outputs.py. No Ray, no MLX.
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
 from engine.messages import SamplingParams
 
 from api.anthropic_schemas import (
@@ -131,9 +133,9 @@ def message_turns(message: Message) -> list[Turn]:
     return _user_turns(message.content)
 
 
-def _user_turns(blocks: list) -> list[Turn]:
+def _user_turns(blocks: list[Any]) -> list[Turn]:
     turns: list[Turn] = []
-    parts: list[dict] = []  # text and image parts of the user turn being built
+    parts: list[dict[str, Any]] = []  # text and image parts of the user turn being built
     for block in blocks:
         if isinstance(block, (TextBlock, ImageBlock)):
             parts.append(text_part(block.text) if isinstance(block, TextBlock) else image_part())
@@ -191,7 +193,7 @@ def tool_choice(req: _PromptFields) -> ToolChoice:
         return ToolChoice(specs, parallel=parallel)
     if choice.type == "tool" and not choice.name:
         raise invalid("tool_choice.name", "tool_choice {'type': 'tool'} needs 'name'")
-    mode = "none" if choice.type == "none" else "required"
+    mode: Literal["none", "required"] = "none" if choice.type == "none" else "required"
     parsed = ToolChoice(specs, mode, choice.name if choice.type == "tool" else None, parallel)
     check_named(parsed, "tool_choice")
     return parsed

@@ -88,7 +88,7 @@ def message(meta: MessageMeta, state: ChoiceState, parsing: OutputParsing | None
     """The whole message: one text block (maybe empty) unless `parsing` reads thinking and tool calls
     out of it (then thinking, text if any, tool_use blocks, in that order)."""
     if parsing is None or not parsing.active:
-        content: list = [TextContent(text=state.text)]
+        content: list[Any] = [TextContent(text=state.text)]
     else:
         content = parsed_blocks(parse_whole(parsing, state.text, TOOL_USE_ID_PREFIX))
     stop_reason, stop_sequence = stop_fields(state, any(isinstance(b, ToolUseContent) for b in content))

@@ -9,7 +9,7 @@ No Ray, no MLX.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
@@ -35,7 +35,7 @@ def _event(name: str, **fields: Any) -> str:
 async def message_events(
     meta: MessageMeta,
     state: ChoiceState,
-    batches: AsyncIterator[tuple[int, list[RequestOutput]]],
+    batches: AsyncGenerator[tuple[int, list[RequestOutput]], None],
     parsing: OutputParsing | None = None,
 ) -> AsyncIterator[str]:
     """`state.num_prompt_tokens` must be preset: message_start reports it before any batch arrives.
@@ -67,7 +67,7 @@ async def message_events(
 async def _parsed_events(
     meta: MessageMeta,
     state: ChoiceState,
-    batches: AsyncIterator[tuple[int, list[RequestOutput]]],
+    batches: AsyncGenerator[tuple[int, list[RequestOutput]], None],
     parser: OutputParser,
 ) -> AsyncIterator[str]:
     blocks = BlockStream(_event)

@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from engine.messages import TokenLogprob
 
@@ -112,7 +113,7 @@ def chat_chunk(
 ) -> ChatCompletionChunk | None:
     """One chunk for one batch; None when the batch added nothing (text held back by the detokenizer,
     or by `parser` while it might be part of a tool-call tag)."""
-    fields: dict = {"content": delta.text} if delta.text or first else {}
+    fields: dict[str, Any] = {"content": delta.text} if delta.text or first else {}
     if parser is not None:
         events = parser.feed(delta.text) + (parser.finish() if delta.finish_reason else [])
         fields = delta_fields(events) or ({"content": ""} if first else {})

@@ -8,9 +8,9 @@ No Ray, no MLX: token texts for logprobs come from the `token_texts` callable.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
-from typing import Protocol
+from typing import Any, Protocol
 
 from engine.messages import RequestOutput
 
@@ -23,14 +23,14 @@ logger = logging.getLogger(__name__)
 
 
 class _Dumpable(Protocol):
-    def dump(self) -> dict: ...
+    def dump(self) -> dict[str, Any]: ...
 
 
 ChunkFn = Callable[[int, Delta, bool, TokenText], _Dumpable | None]  # (index, delta, first, texts)
 
 
 async def sse_frames(
-    batches: AsyncIterator[tuple[int, list[RequestOutput]]],
+    batches: AsyncGenerator[tuple[int, list[RequestOutput]], None],
     states: list[ChoiceState],
     chunk: ChunkFn,
     usage_chunk: Callable[[], _Dumpable] | None,

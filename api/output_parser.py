@@ -8,6 +8,7 @@ Each dialect renders the events; this module knows no wire format. No MLX, no Ra
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from api.reasoning_parsers import ReasoningSplitter
 from api.tool_parsers.base import ToolFormat
@@ -61,7 +62,7 @@ class OutputParser:
             return self._answer("", final=True)
         return self._split(self._splitter.finish(), final=True)
 
-    def _split(self, pieces: list, final: bool) -> list[OutputEvent]:
+    def _split(self, pieces: list[Any], final: bool) -> list[OutputEvent]:
         out: list[OutputEvent] = []
         answer = ""
         for piece in pieces:

@@ -85,7 +85,7 @@ def _check_tools(req: ResponsesRequest) -> None:
             raise unsupported(f"tools[{i}]", f"tool type {tool.type!r} is {_NOT_YET}; only 'function' tools")
 
 
-def _check_items(items: list) -> None:
+def _check_items(items: list[Any]) -> None:
     for i, item in enumerate(items):
         if isinstance(item, ReasoningItem) and item.encrypted_content is not None:
             raise unsupported(f"input[{i}].encrypted_content", "this server encrypts no reasoning")

@@ -11,7 +11,7 @@ No Ray, no MLX.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -36,7 +36,7 @@ from api.responses_outputs import (
 
 logger = logging.getLogger(__name__)
 
-Batches = AsyncIterator[tuple[int, list[RequestOutput]]]
+Batches = AsyncGenerator[tuple[int, list[RequestOutput]], None]
 
 
 class _Sequencer:

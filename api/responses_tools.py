@@ -12,6 +12,7 @@ from typing import Any
 from api.errors import invalid, unsupported
 from api.responses_schemas import FunctionTool, ResponsesRequest
 from api.tool_choice import ToolChoice, check_named, tool_spec
+from api.tool_parsers.base import ToolSpec
 
 PARAM = "tool_choice"
 _MODES = ("auto", "none", "required")
@@ -19,7 +20,8 @@ _MODES = ("auto", "none", "required")
 
 def tool_choice(req: ResponsesRequest) -> ToolChoice:
     """Expects `check_supported` to have refused every tool that is not a function."""
-    specs = [tool_spec(t.name, t.description, t.parameters) for t in req.tools or [] if _is_function(t)]
+    functions = [t for t in req.tools or [] if isinstance(t, FunctionTool)]
+    specs = [tool_spec(t.name, t.description, t.parameters) for t in functions]
     parallel = req.parallel_tool_calls is not False
     choice = req.tool_choice
     if choice is None or choice in _MODES:
@@ -47,7 +49,7 @@ def _name(entry: dict[str, Any], param: str) -> str:
     return name
 
 
-def _allowed_tools(choice: dict[str, Any], specs: list, parallel: bool) -> ToolChoice:
+def _allowed_tools(choice: dict[str, Any], specs: list[ToolSpec], parallel: bool) -> ToolChoice:
     """Only the listed tools are offered and callable; `mode` 'required' forces a call to one of them."""
     mode, tools = choice.get("mode", "auto"), choice.get("tools")
     if mode not in ("auto", "required"):

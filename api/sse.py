@@ -53,7 +53,8 @@ async def with_keepalive(
         while True:
             frame = frame or asyncio.ensure_future(anext(frames))
             beat = beat or asyncio.ensure_future(heartbeat())
-            done, _ = await asyncio.wait({frame, beat}, return_when=asyncio.FIRST_COMPLETED)
+            either: set[asyncio.Future[Any]] = {frame, beat}
+            done, _ = await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
             if beat in done:
                 beat = None
                 if frame not in done:

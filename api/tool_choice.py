@@ -9,7 +9,7 @@ tool with schema-valid arguments. No MLX, no Ray.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from engine.messages import SamplingParams, StructuredOutputs
 
@@ -33,7 +33,7 @@ class ToolChoice:
         return [tool for tool in self.tools if self.named is None or tool["name"] == self.named]
 
 
-def tool_spec(name: str, description: str | None, parameters: dict | None) -> ToolSpec:
+def tool_spec(name: str, description: str | None, parameters: dict[str, Any] | None) -> ToolSpec:
     return {"name": name, "description": description, "parameters": parameters or {"type": "object"}}
 
 

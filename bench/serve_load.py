@@ -157,7 +157,7 @@ async def stream_one(client: httpx.AsyncClient, url: str, body: dict, timeout_s:
     t0 = time.perf_counter()
     try:
         return await asyncio.wait_for(_stream(client, url, body, t0, delta_times), timeout_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return RequestResult(ok=False, error=f"timeout after {timeout_s:.0f} s", num_deltas=len(delta_times))
     except (httpx.HTTPError, json.JSONDecodeError, ValueError) as exc:
         where = f"after {time.perf_counter() - t0:.1f} s and {len(delta_times)} content deltas"

@@ -29,7 +29,7 @@ from typing import Any
 from engine.config import EngineConfig
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from ray.serve import Application
+from ray.serve import Application, Deployment
 
 from api.config import LimitsConfig, SecurityConfig
 from api.reasoning_parsers import check_name as check_reasoning_name
@@ -172,19 +172,31 @@ class AppConfig(_Strict):
         return self
 
 
+def _deployment(decorated: type) -> Deployment:
+    """@serve.deployment made the class a Deployment; a type checker still sees the class."""
+    assert isinstance(decorated, Deployment)
+    return decorated
+
+
 def build_app(args: dict[str, Any]) -> Application:
     config = AppConfig.model_validate(args or {})
     engine_args = config.engine.model_dump()
-    scheduler = Scheduler.options(**config.scheduler.actor_options()).bind(
-        engine_args, config.stream_interval_s, config.max_stream_batches_per_s, config.stream_keepalive_s
+    scheduler = (
+        _deployment(Scheduler)
+        .options(**config.scheduler.actor_options())
+        .bind(
+            engine_args, config.stream_interval_s, config.max_stream_batches_per_s, config.stream_keepalive_s
+        )
     )
-    tokenizer = Tokenizer.options(**config.tokenizer.actor_options()).bind(engine_args)
+    tokenizer = _deployment(Tokenizer).options(**config.tokenizer.actor_options()).bind(engine_args)
     embedder = None
     if config.embedder.enabled:
-        embedder = Embedder.options(**config.embedder.actor_options()).bind(config.embedder.model)
-    ingress = Ingress.options(**config.ingress.actor_options())
+        embedder = (
+            _deployment(Embedder).options(**config.embedder.actor_options()).bind(config.embedder.model)
+        )
+    ingress = _deployment(Ingress).options(**config.ingress.actor_options())
     security = config.security.with_env_keys()
-    return ingress.bind(
+    app: Application = ingress.bind(
         scheduler,
         tokenizer,
         embedder,
@@ -194,3 +206,4 @@ def build_app(args: dict[str, Any]) -> Application:
         tool_call_parser=config.tool_call_parser,
         reasoning_parser=config.reasoning_parser,
     )
+    return app

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from engine.errors import EngineError
 from engine.messages import GenerateRequest, RequestOutput
@@ -58,15 +58,16 @@ class Generation:
         self._firsts = list(items)  # type: ignore[arg-type]
         self._beat.clear()  # the admissions are no heartbeats
 
-    async def batches(self) -> AsyncIterator[tuple[int, Batch]]:
+    async def batches(self) -> AsyncGenerator[tuple[int, Batch], None]:
         """(choice index, batch) until every stream has finished; cancels the rest on exit."""
         try:
             for stream, batch in enumerate(self._firsts):
                 for item in self._split(stream, batch):
                     yield item
             if len(self._streams) == 1:
-                while (batch := await self._next(0)) is not None:
-                    for item in self._split(0, batch):  # type: ignore[arg-type]
+                while (later := await self._next(0)) is not None:
+                    assert isinstance(later, list), "only a stream's first item may be a rejection"
+                    for item in self._split(0, later):
                         yield item
             else:
                 async for stream, batch in self._merged():
@@ -82,7 +83,7 @@ class Generation:
             by_choice.setdefault(self._bases[stream] + out.index, []).append(out)
         return list(by_choice.items())
 
-    async def _merged(self) -> AsyncIterator[tuple[int, Batch]]:
+    async def _merged(self) -> AsyncGenerator[tuple[int, Batch], None]:
         queue: asyncio.Queue[tuple[int, Batch | BaseException | None]] = asyncio.Queue()
         tasks = [asyncio.ensure_future(self._pump(i, queue)) for i in range(len(self._streams))]
         try:
@@ -99,7 +100,7 @@ class Generation:
             for task in tasks:
                 task.cancel()
 
-    async def _pump(self, index: int, queue: asyncio.Queue) -> None:
+    async def _pump(self, index: int, queue: asyncio.Queue[tuple[int, Batch | BaseException | None]]) -> None:
         if self._done[index]:
             return
         try:
@@ -112,7 +113,7 @@ class Generation:
     async def _next(self, index: int) -> Batch | EngineError | None:
         """The stream's next item, or None once it has finished."""
         try:
-            item = await self._streams[index].__anext__()
+            item: Batch | EngineError = await self._streams[index].__anext__()
         except StopAsyncIteration:
             self._done[index] = True
             return None

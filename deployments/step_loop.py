@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
@@ -53,7 +53,9 @@ class StepLoop:
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[list[RequestOutput] | EngineError]:
+    async def generate(
+        self, request: GenerateRequest
+    ) -> AsyncGenerator[list[RequestOutput] | EngineError, None]:
         """Yields the request's outputs in batches until each of its `n` samples has a finished one.
 
         If add_request rejects the request, the one item is the `EngineError` (a value, not a raise:

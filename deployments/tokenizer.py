@@ -93,11 +93,11 @@ class Tokenizer:
             messages = flatten_tool_turns(messages)
         if tools and not renders_tools(source):
             messages, tools = add_tools_prompt(messages, tools), None
-        kwargs = {"tools": tools} if tools else {}
+        kwargs: dict[str, Any] = {"tools": tools} if tools else {}
         if continue_final_message:
             kwargs["continue_final_message"] = True
         try:
-            text = self._tokenizer.apply_chat_template(
+            text: str = self._tokenizer.apply_chat_template(
                 messages, add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs
             )
         except (TemplateError, ValueError) as exc:  # templates raise on messages they refuse (role order)

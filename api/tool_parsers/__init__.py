@@ -57,7 +57,7 @@ def auto_name(template: str) -> str:
 def make_format(name: str, tools: list[ToolSpec]) -> ToolFormat:
     """A format for one request (qwen3_coder types parameter values from `tools`' schemas)."""
     cls = _FORMATS[canonical_name(name)]
-    return cls(tools) if cls is Qwen3CoderFormat else cls()  # type: ignore[return-value]
+    return cls(tools) if cls is Qwen3CoderFormat else cls()
 
 
 __all__ = [

@@ -87,7 +87,7 @@ def named_call(call: Any, text: str, argument_keys: tuple[str, str]) -> PartialC
     return PartialCall(call["name"], same_json(read_named_object(text), arguments), True)
 
 
-def same_json(partial: PartialCall | None, arguments: dict) -> str:
+def same_json(partial: PartialCall | None, arguments: dict[str, Any]) -> str:
     """The model's own argument text when it is exactly `arguments`, else a fresh dump."""
     if partial is not None and partial.complete:
         try:
@@ -98,7 +98,7 @@ def same_json(partial: PartialCall | None, arguments: dict) -> str:
     return dumps(arguments)
 
 
-def named_object_schema(tool: ToolSpec, arguments_key: str = "arguments") -> dict:
+def named_object_schema(tool: ToolSpec, arguments_key: str = "arguments") -> dict[str, Any]:
     return {
         "type": "object",
         "properties": {"name": {"const": tool["name"]}, arguments_key: arguments_schema(tool)},

@@ -35,17 +35,18 @@ class Llama3Format:
     special_tags = True
 
     def read(self, region: str, final: bool) -> list[PartialCall]:
-        rest, calls = region.removeprefix(PYTHON_TAG).lstrip(), []
+        rest, calls = region.removeprefix(PYTHON_TAG).lstrip(), list[PartialCall]()
         while rest.startswith("{"):
             end, _ = scan_json_value(rest)
             text = rest[:end]
-            calls.append(self._parse(text) if final else read_named_object(text))
-            if calls[-1] is None:
-                return calls[:-1]
+            call = self._parse(text) if final else read_named_object(text)
+            if call is None:
+                return calls
+            calls.append(call)
             rest = rest[end:].lstrip().removeprefix(_SEPARATOR).lstrip()
         if final and (rest or not calls):
             raise MalformedCall(f"text after the tool calls does not parse: {rest[:40]!r}")
-        return calls  # type: ignore[return-value]
+        return calls
 
     def _parse(self, text: str) -> PartialCall:
         try:

@@ -15,6 +15,7 @@ one finished parameter at a time. No MLX, no Ray.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from mlx_lm.tool_parsers import qwen3_coder
 
@@ -61,7 +62,7 @@ class Qwen3CoderFormat:
         so_far = self._parse(body[: done + len(_PARAMETER_END)] + "\n" + _FUNCTION_END)
         return [PartialCall(head.group(1), dumps(so_far)[:-1])]
 
-    def _parse(self, body: str) -> dict:
+    def _parse(self, body: str) -> dict[str, Any]:
         try:
             call = qwen3_coder.parse_tool_call(body, self._tools)
         except ValueError as exc:
@@ -98,11 +99,11 @@ def _function_rules(rule: str, tool: ToolSpec) -> list[str]:
     return [f"{rule}: {head} {' '.join(parts)} {tail}", *lines]
 
 
-def _is_raw_string(prop: dict) -> bool:
+def _is_raw_string(prop: dict[str, Any]) -> bool:
     return prop.get("type") == "string" and "enum" not in prop
 
 
-def _value_rule(prop: dict) -> str:
+def _value_rule(prop: dict[str, Any]) -> str:
     if prop.get("type") == "string":
         return alternatives([lark_string(str(v)) for v in prop["enum"]])
     return json_rule(prop)

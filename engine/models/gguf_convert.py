@@ -46,7 +46,9 @@ def convert_gguf(gguf_path: Path, out_dir: Path, dtype: str, desc: str = "Conver
     tokenizer_config.json for `gguf_path` into the existing directory `out_dir`."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}; pick one of those")
-    raw, meta = mx.load(str(gguf_path), return_metadata=True)
+    loaded: Any = mx.load(str(gguf_path), return_metadata=True)  # MLX's stub types it as one union
+    raw: dict[str, mx.array] = loaded[0]
+    meta: dict[str, Any] = loaded[1]
     config = build_config(meta, has_output="output.weight" in raw)
     bases = sorted({name.rsplit(".", 1)[0] for name in raw})
     weights: dict[str, mx.array] = {}

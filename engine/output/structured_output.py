@@ -21,7 +21,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from engine.errors import InvalidRequestError
 from engine.messages import StructuredOutputs
@@ -31,11 +31,14 @@ import llguidance.hf
 import llguidance.numpy
 import numpy as np
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # a TypedDict of the stub only
+
 logger = logging.getLogger(__name__)
 
 # Compact JSON: free whitespace lets a small model emit newlines until max_tokens (vLLM's
 # disable_any_whitespace); a schema may still ask for it through its "x-guidance" options.
-JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False}
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
 ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
 MAX_CACHED_GRAMMARS = 256
 

@@ -9,6 +9,7 @@ once for the `x` both are called with. Plain `nn.Linear` layers without bias onl
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import mlx.core as mx
 from mlx import nn
@@ -40,8 +41,9 @@ class _Half(nn.Module):
         return self._pair.halves(x)[self._index]
 
 
-def _fusable(mlp) -> bool:
-    gate, up = getattr(mlp, "gate_proj", None), getattr(mlp, "up_proj", None)
+def _fusable(mlp: Any) -> bool:
+    gate: Any = getattr(mlp, "gate_proj", None)
+    up: Any = getattr(mlp, "up_proj", None)
     plain = all(type(m) is nn.Linear and "bias" not in m for m in (gate, up))
     return plain and gate.weight.shape[1] == up.weight.shape[1]
 

@@ -12,6 +12,7 @@ about twice what this kernel's does (measured on an H200: 96 products of Llama-3
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 import mlx.core as mx
 from mlx import nn
@@ -99,7 +100,7 @@ def use_small_rows_kernel(model: nn.Module) -> int:
         ):
             parent = getattr(layer, parent_name, None)
             for name in names:
-                linear = getattr(parent, name, None)
+                linear: Any = getattr(parent, name, None)
                 if type(linear) is nn.Linear and "bias" not in linear and supports(linear.weight):
                     setattr(parent, name, SmallRowsLinear(linear.weight))
                     count += 1
