@@ -34,7 +34,6 @@ REPO = Path(__file__).resolve().parents[1]
 PROBE = """
 import engine, json, statistics, sys, time
 import mlx.core as mx
-from engine.platform.blas import blas_state
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from bench.engine import engine_decode, prompts
@@ -45,13 +44,13 @@ for _ in range(7):
 llm = LLMEngine(EngineConfig(kv_cache_memory_bytes=1 << 28, max_num_seqs=16))
 max_tokens = int(sys.argv[1])
 engine_decode(llm, prompts(llm, 16, 40), 8)  # first-use costs of the shapes
-state = blas_state()
+compute = llm.stats().compute  # from the engine itself: no module path that a source tree may move
 print(json.dumps({
-    "blas": state.name, "config": state.config, "core": state.core,
+    "blas": compute.blas, "config": compute.blas_config, "core": compute.blas_core,
     "matmul_gflops": 2 * 1024**3 / statistics.median(times) / 1e9,
     "decode_1_tok_s": engine_decode(llm, prompts(llm, 1, 40), max_tokens)["tok_s"],
     "decode_16_tok_s": engine_decode(llm, prompts(llm, 16, 40), max_tokens)["tok_s"],
-    "decode": llm.stats().compute.decode,
+    "decode": compute.decode,
 }))
 """
 METRICS = ("matmul_gflops", "decode_1_tok_s", "decode_16_tok_s")
@@ -81,13 +80,15 @@ def prepare_cmeel(version: str, folder: Path) -> Path:
     return target
 
 
-def run_probe(path: str, threads: int, max_tokens: int) -> dict:
-    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), PYTHONPATH=str(REPO))
+def run_probe(path: str, threads: int, max_tokens: int, repo: Path = REPO) -> dict:
+    """PROBE's numbers in a fresh process: with the BLAS at `path` ("" for the bundled one, or
+    "reference"), on the source tree at `repo` (bench/trees.py compares two)."""
+    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), PYTHONPATH=str(repo))
     env.pop("MLX_RAY_SERVE_BLAS", None)
     if path:
         env["MLX_RAY_SERVE_BLAS"] = path
     command = [sys.executable, "-c", PROBE, str(max_tokens)]
-    done = subprocess.run(command, check=False, env=env, cwd=REPO, capture_output=True, text=True)
+    done = subprocess.run(command, check=False, env=env, cwd=repo, capture_output=True, text=True)
     if done.returncode != 0:
         return {"error": f"exit {done.returncode}: {done.stderr.strip()[-300:]}"}
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -132,8 +133,10 @@ def summarize(name: str, results: list[dict]) -> dict:
     return row
 
 
-def print_table(rows: list[dict], threads: int) -> None:
-    print(f"\n| build ({threads} threads) | core | matmul GFLOP/s | decode tok/s, 1 seq | 16 seqs | errors |")
+def print_table(rows: list[dict], threads: int, label: str = "build") -> None:
+    print(
+        f"\n| {label} ({threads} threads) | core | matmul GFLOP/s | decode tok/s, 1 seq | 16 seqs | errors |"
+    )
     print("(each cell: the median over rounds, then the lowest and highest round)")
     print("|---|---|---|---|---|---|")
     for row in rows:
