@@ -7,12 +7,12 @@ so no `cache_*_input_tokens` are reported. No Ray, no MLX.
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel
+from pydantic_core import from_json
 
 from api.choice_state import ChoiceState
 from api.output_parser import OutputParser, OutputParsing, parse_whole
@@ -108,8 +108,18 @@ def parsed_blocks(parser: OutputParser) -> list[ThinkingContent | TextContent | 
         blocks.append(ThinkingContent(thinking=parser.reasoning))
     if parser.content.strip() or not parser.calls:
         blocks.append(TextContent(text=parser.content))
-    blocks += [ToolUseContent(id=c.id, name=c.name, input=json.loads(c.arguments)) for c in parser.calls]
+    blocks += [ToolUseContent(id=c.id, name=c.name, input=tool_input(c.arguments)) for c in parser.calls]
     return blocks
+
+
+def tool_input(arguments: str) -> dict[str, Any]:
+    """A call's input; one cut short by max_tokens keeps what its arguments hold so far, read as the
+    Anthropic SDKs read a streamed tool_use block (jiter's partial mode)."""
+    try:
+        value = from_json(arguments or "{}", allow_partial=True)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def started_message(meta: MessageMeta, num_input_tokens: int) -> MessageOut:

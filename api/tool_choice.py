@@ -3,7 +3,9 @@
 Owns the rule that a forcing tool choice (OpenAI `required` or a named function, Anthropic `any` or
 `tool`) is enforced by constrained decoding: the request's `SamplingParams.structured` gets a grammar
 in the tool-call format's own syntax, so whatever the model samples parses as a call to an allowed
-tool with schema-valid arguments. No MLX, no Ray.
+tool with schema-valid arguments. A named choice forces exactly one call, as OpenAI's "forced
+function" and vLLM's named tool_choice do: a grammar that let a small model go on would have it repeat
+the same call. No MLX, no Ray.
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ class ToolChoice:
 
     def callable_tools(self) -> list[ToolSpec]:
         return [tool for tool in self.tools if self.named is None or tool["name"] == self.named]
+
+    @property
+    def forced_parallel(self) -> bool:
+        """Whether a forcing grammar lets one output hold several calls."""
+        return self.parallel and self.named is None
 
 
 def tool_spec(name: str, description: str | None, parameters: dict[str, Any] | None) -> ToolSpec:
@@ -69,5 +76,5 @@ def apply(choice: ToolChoice, parsing: OutputParsing, params: SamplingParams, pa
     if params.structured is not None:
         raise unsupported(param, "a forced tool call cannot be combined with a structured output format")
     params.structured = StructuredOutputs(
-        grammar=fmt.grammar(choice.callable_tools(), choice.parallel), param="tools"
+        grammar=fmt.grammar(choice.callable_tools(), choice.forced_parallel), param="tools"
     )

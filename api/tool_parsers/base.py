@@ -46,6 +46,11 @@ class ToolFormat(Protocol):
         every call is complete or raises ValueError."""
         ...
 
+    def begins_call(self, region: str) -> bool:
+        """Whether a region cut off before its first call's name begins like a call (so dropping it
+        loses no answer text) rather than being text that merely opens with the tag."""
+        ...
+
     def grammar(self, tools: list[ToolSpec], parallel: bool) -> str:
         """A Lark grammar whose every sentence is one call (or several with `parallel`) to one of
         `tools`, with schema-valid arguments, in this format, tags included."""
@@ -78,6 +83,11 @@ def tag_overlap(text: str, tag: str) -> int:
         if text.endswith(tag[:size]):
             return size
     return 0
+
+
+def starts_like(text: str, head: str) -> bool:
+    """Whether `text`, whitespace aside, is `head` cut short or starts with `head` (which has none)."""
+    return head.startswith("".join(text.split())[: len(head)])
 
 
 def object_arguments(value: Any) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from api.tool_parsers.base import (
     object_arguments,
     repeat,
     scan_json_value,
+    starts_like,
 )
 from api.tool_parsers.hermes import same_json
 
@@ -55,6 +56,9 @@ class DeepSeekFormat:
                 break
             calls.append(call)
         return calls
+
+    def begins_call(self, region: str) -> bool:
+        return starts_like(region.removeprefix(self.start), CALL_BEGIN)
 
     def grammar(self, tools: list[ToolSpec], parallel: bool) -> str:
         names = [f"call_{i}" for i in range(len(tools))]

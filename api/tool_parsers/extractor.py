@@ -4,16 +4,20 @@ Owns the streaming rules: text that might be the start of a call tag is held bac
 to be one; a call is announced once its name is known (and allowed), then its arguments stream as
 deltas that always add up to the final arguments text. A call region whose name is not one of the
 request's tools, or that does not parse when nothing of it was streamed yet, is returned as content
-(so a non-streamed response never loses text). Feeding the whole text at once with `stream=False`
-gives the non-streaming result. No MLX, no Ray.
+(so a non-streamed response never loses text). A region still open when the output ends (cut by
+max_tokens) is never content: its calls are kept as far as they read, arguments cut short (what vLLM
+streams), and a call cut before its name is dropped, as is an opener cut short (`<tool_c`); only a
+region that does not even begin like a call stays content. Feeding the whole text at once with
+`stream=False` gives the non-streaming result. No MLX, no Ray.
 """
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from dataclasses import dataclass
 
-from api.tool_parsers.base import ToolFormat, tag_overlap
+from api.tool_parsers.base import PartialCall, ToolFormat, tag_overlap
 
 
 @dataclass
@@ -65,6 +69,7 @@ class ToolCallExtractor:
         self._first = 0  # index in `calls` of the open region's first call
         self._may_open = True  # at_start_only formats: nothing but whitespace emitted yet
         self._spaces = ""  # whitespace-only text not yet emitted
+        self._dropped = False  # a cut call or opener was dropped: whitespace beside it is no content
 
     def feed(self, text: str) -> list[ToolEvent]:
         if self._region is None:
@@ -74,6 +79,7 @@ class ToolCallExtractor:
         return self._advance(final=False)
 
     def finish(self) -> list[ToolEvent]:
+        self._drop_cut_opener()
         out = self._advance(final=True)
         self._flush_spaces(out)
         return out
@@ -116,9 +122,17 @@ class ToolCallExtractor:
             return len(self._held) if maybe else 0
         return max((tag_overlap(self._held, o) for o in self._openers), default=0)
 
+    def _drop_cut_opener(self) -> None:
+        """An opener cut short by the end of the output (`<tool_c`) is markup, not text."""
+        keep = self._held_back() if self._region is None else 0
+        if keep and self._held[-keep:].strip():
+            self._held, self._dropped = self._held[:-keep], True
+
     def _emit_text(self, out: list[ToolEvent], text: str) -> None:
         # Until some real text is out, whitespace waits for it: beside calls it is not content.
         text, self._spaces = self._spaces + text, ""
+        if not text:  # an empty delta would open an empty Anthropic text block after a call
+            return
         if not text.strip() and not self.content:
             self._spaces = text
             return
@@ -127,9 +141,9 @@ class ToolCallExtractor:
         out.append(TextDelta(text))
 
     def _flush_spaces(self, out: list[ToolEvent]) -> None:
-        """At the end, held whitespace is content only in an output with no call."""
+        """At the end, held whitespace is content only in an output with no call, even a dropped one."""
         spaces, self._spaces = self._spaces, ""
-        if spaces and not self.calls:
+        if spaces and not self.calls and not self._dropped:
             self.content += spaces
             out.append(TextDelta(spaces))
 
@@ -152,11 +166,7 @@ class ToolCallExtractor:
         return False
 
     def _stream_region(self, out: list[ToolEvent], text: str) -> None:
-        try:
-            calls = self._fmt.read(text, final=False)
-        except ValueError:
-            return
-        for k, call in enumerate(calls):
+        for k, call in enumerate(self._read(text, final=False) or []):
             index = self._first + k
             if call.name is None:
                 return
@@ -169,19 +179,36 @@ class ToolCallExtractor:
             self._extend(out, index, call.arguments)
 
     def _finish_region(self, out: list[ToolEvent], text: str, closing: str) -> None:
-        try:
-            calls = self._fmt.read(text, final=True)
-        except ValueError:
-            calls = None
-        num_started = len(self.calls) - self._first
-        if num_started == 0 and (calls is None or not all(self._is_allowed(c.name) for c in calls)):
-            self._emit_text(out, text + closing)
-            return
+        """`closing` is "" when the output ended inside the region (or the format has no end tag)."""
+        calls = self._read(text, final=True)
+        if calls is None and not closing:
+            calls = self._read_cut(text)
+        if len(self.calls) == self._first:  # nothing of the region streamed yet
+            if calls is None or not all(self._is_allowed(c.name) for c in calls):
+                self._emit_text(out, text + closing)
+                return
+            if not calls:  # cut before its first call's name
+                self._dropped = True
+                return
         for k, call in enumerate(calls or []):
             index = self._first + k
             if index == len(self.calls):
                 self._start_call(out, call.name or "")
             self._extend(out, index, call.arguments)
+
+    def _read(self, text: str, final: bool) -> list[PartialCall] | None:
+        try:
+            return self._fmt.read(text, final)
+        except ValueError:
+            return None
+
+    def _read_cut(self, text: str) -> list[PartialCall] | None:
+        """The named calls of a region the output cut short, as far as they read ([] for a call cut
+        before its name); None when the region does not begin like a call, so it is text."""
+        tail = tag_overlap(text, self._fmt.end) if self._fmt.end else 0
+        calls = self._read(text[: len(text) - tail], final=False) or []
+        named = list(itertools.takewhile(lambda call: call.name is not None, calls))
+        return named if named or self._fmt.begins_call(text) else None
 
     def _demote_region(self, out: list[ToolEvent]) -> None:
         """The region is not a call after all: its opener is content, the rest is scanned again."""

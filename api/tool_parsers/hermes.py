@@ -27,9 +27,11 @@ from api.tool_parsers.base import (
     object_arguments,
     repeat,
     scan_json_value,
+    starts_like,
 )
 
-_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
+_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
+_ARGUMENTS_KEY = re.compile(r'\s*,\s*"(?:arguments|parameters)"\s*:\s*')
 
 
 class HermesFormat:
@@ -52,6 +54,9 @@ class HermesFormat:
             raise MalformedCall(f"a tool call is not valid JSON: {exc}") from None
         return named_call(call, body, ("arguments", "parameters"))
 
+    def begins_call(self, region: str) -> bool:
+        return starts_like(region.removeprefix(self.start), "{")
+
     def grammar(self, tools: list[ToolSpec], parallel: bool) -> str:
         names = [f"call_{i}" for i in range(len(tools))]
         lines = [
@@ -66,11 +71,12 @@ class HermesFormat:
 def read_named_object(text: str) -> PartialCall | None:
     """`{"name": ..., "arguments": {...}` read as far as it goes; None until the name is known.
     The arguments are the model's own text, so streamed prefixes agree with the final value."""
-    head = _HEAD.match(text)
+    head = _NAME.match(text)
     if head is None:
         return None
     name = json.loads(f'"{head.group(1)}"')
-    rest = text[head.end() :]
+    key = _ARGUMENTS_KEY.match(text, head.end())
+    rest = text[key.end() :] if key else ""
     if not rest.startswith("{"):
         return PartialCall(name)
     end, complete = scan_json_value(rest)

@@ -19,6 +19,7 @@ from api.tool_parsers.base import (
     lark_string,
     repeat,
     scan_json_value,
+    starts_like,
 )
 from api.tool_parsers.hermes import named_call, named_object_schema, read_named_object
 
@@ -54,6 +55,10 @@ class Llama3Format:
         except json.JSONDecodeError as exc:
             raise MalformedCall(f"a tool call is not valid JSON: {exc}") from None
         return named_call(call, text, ("parameters", "arguments"))
+
+    def begins_call(self, region: str) -> bool:
+        # A bare `{` opens JSON answers too: only a named object's head is a call's beginning.
+        return starts_like(region.removeprefix(PYTHON_TAG), '{"name"')
 
     def grammar(self, tools: list[ToolSpec], parallel: bool) -> str:
         names = [f"call_{i}" for i in range(len(tools))]

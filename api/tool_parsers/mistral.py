@@ -23,10 +23,12 @@ from api.tool_parsers.base import (
     object_arguments,
     repeat,
     scan_json_value,
+    starts_like,
 )
 from api.tool_parsers.hermes import read_named_object, same_json
 
 _HEADER = re.compile(r"\s*([\w-]+)\s*\[ARGS\]\s*")
+_NAME = re.compile(r"[\w-]*")
 
 
 class MistralFormat:
@@ -52,6 +54,14 @@ class MistralFormat:
             PartialCall(call["name"], same_json(seen, object_arguments(call["arguments"])), True)
             for call, seen in zip(parsed, partial)
         ]
+
+    def begins_call(self, region: str) -> bool:
+        body = region.removeprefix(self.start).lstrip()
+        if body.startswith("["):
+            return starts_like(body, '[{"name"')
+        name = _NAME.match(body)  # v11: `name[ARGS]`
+        name_len = name.end() if name else 0
+        return not body or (name_len > 0 and starts_like(body[name_len:], "[ARGS]"))
 
     def grammar(self, tools: list[ToolSpec], parallel: bool) -> str:
         names = [f"call_{i}" for i in range(len(tools))]

@@ -30,6 +30,7 @@ from api.tool_parsers.base import (
     lark_string,
     object_arguments,
     repeat,
+    starts_like,
 )
 
 _FUNCTION = re.compile(r"\s*<function=([^\s<>]+)>")
@@ -61,6 +62,9 @@ class Qwen3CoderFormat:
             return [PartialCall(head.group(1), "{")]
         so_far = self._parse(body[: done + len(_PARAMETER_END)] + "\n" + _FUNCTION_END)
         return [PartialCall(head.group(1), dumps(so_far)[:-1])]
+
+    def begins_call(self, region: str) -> bool:
+        return starts_like(region.removeprefix(self.start), "<function=")
 
     def _parse(self, body: str) -> dict[str, Any]:
         try:

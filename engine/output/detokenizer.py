@@ -7,8 +7,9 @@ vLLM's prefix/read offsets: ids[prefix:read] is text already emitted, kept as le
 tokenizers which rewrite the start of a sequence (SentencePiece drops the leading space of the first
 token) decode the new ids exactly as inside the whole text. New text is decode(ids[prefix:]) minus
 decode(ids[prefix:read]); it is held back while it ends in U+FFFD, an incomplete UTF-8 sequence
-(byte-level BPE and byte-fallback tokens split multi-byte characters). Each step decodes a few ids,
-so the cost per token does not grow with the output.
+(byte-level BPE and byte-fallback tokens split multi-byte characters), and an output that ends there
+(cut by max_tokens) drops those bytes, as vLLM does: a reply never ends in a broken character. Each
+step decodes a few ids, so the cost per token does not grow with the output.
 
 Cross-token clean-up (HF `clean_up_tokenization_spaces`) cannot be streamed and is never applied.
 """
@@ -57,8 +58,8 @@ class IncrementalDetokenizer:
         return self._emit("".join(new_pieces))
 
     def flush(self) -> str:
-        """At finish: whatever is still held back, even an incomplete character (as U+FFFD)."""
-        return self._emit(self._step(final=True))
+        """At finish: whatever is still held back, less the bytes of a character left incomplete."""
+        return self._emit(self._step(final=True).rstrip(_INCOMPLETE))
 
     def _step(self, final: bool) -> str:
         new_text = self._decode(self._ids[self._prefix_offset :])

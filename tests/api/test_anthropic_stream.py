@@ -14,6 +14,9 @@ from api.anthropic_outputs import MessageMeta, message
 from api.anthropic_stream import message_events
 from api.choice_state import ChoiceState
 from api.errors import ApiError
+from api.output_parser import OutputParsing
+from api.tool_parsers import make_format
+from tests.api.tool_goldens import TOOLS
 
 META = MessageMeta("msg_1", "smol")
 
@@ -56,7 +59,7 @@ def test_message_shape_and_usage():
     }
 
 
-def events(batches: list) -> list[tuple[str, dict]]:
+def events(batches: list, parsing: OutputParsing | None = None) -> list[tuple[str, dict]]:
     async def gen():
         for batch in batches:
             if isinstance(batch, Exception):
@@ -65,7 +68,7 @@ def events(batches: list) -> list[tuple[str, dict]]:
 
     async def run():
         state = ChoiceState(0, num_prompt_tokens=5)
-        return [frame async for frame in message_events(META, state, gen())]
+        return [frame async for frame in message_events(META, state, gen(), parsing)]
 
     parsed = []
     for frame in asyncio.run(run()):
@@ -130,3 +133,47 @@ def test_unexpected_exception_mid_stream_is_an_api_error_event():
 def test_error_types_by_status(status, kind):
     assert error_type(status) == kind
     assert error_body(ApiError(status, "m")) == {"type": "error", "error": {"type": kind, "message": "m"}}
+
+
+HERMES = OutputParsing(make_format("hermes", TOOLS), frozenset(tool["name"] for tool in TOOLS))
+CUT_CALL = ["<tool_call>", '\n{"name": "get_weather", "arguments": ', '{"city": "Paris", "unit": "cel']
+
+
+def _cut(pieces: list[str]) -> list[list[RequestOutput]]:
+    return [[out(piece, "length" if n == len(pieces) else None)] for n, piece in enumerate(pieces, 1)]
+
+
+def _blocks(parsed: list[tuple[str, dict]]) -> list[dict]:
+    """The streamed content blocks, each with its deltas joined, as a client assembles them."""
+    blocks: list[dict] = []
+    for name, data in parsed:
+        if name == "content_block_start":
+            blocks.append(dict(data["content_block"], partial_json=""))
+        elif name == "content_block_delta":
+            delta, block = data["delta"], blocks[data["index"]]
+            if delta["type"] == "text_delta":
+                block["text"] += delta["text"]
+            else:
+                block["partial_json"] += delta["partial_json"]
+    return blocks
+
+
+def test_a_tool_use_cut_by_max_tokens_keeps_its_input_so_far_streamed_or_whole():
+    parsed = events(_cut(["Checking.\n", *CUT_CALL]), HERMES)
+    text, use = _blocks(parsed)
+    assert text["text"] == "Checking.\n" and "<tool" not in text["text"]
+    assert use["name"] == "get_weather" and use["partial_json"] == '{"city": "Paris", "unit": "cel'
+    assert parsed[-2][1]["delta"]["stop_reason"] == "max_tokens"
+    body = message(META, finished(*[o for batch in _cut(["Checking.\n", *CUT_CALL]) for o in batch]), HERMES)
+    text, use = body.dump()["content"]
+    assert body.stop_reason == "max_tokens" and text == {"type": "text", "text": "Checking.\n"}
+    assert use["name"] == "get_weather" and use["input"] == {"city": "Paris"}  # as the SDKs read the stream
+
+
+def test_a_tool_use_cut_before_its_name_is_dropped_not_sent_as_text():
+    pieces = ["<tool_call>", '\n{"name": "get_we']
+    parsed = events(_cut(pieces), HERMES)
+    assert _blocks(parsed) == [{"type": "text", "text": "", "partial_json": ""}]
+    assert parsed[-2][1]["delta"]["stop_reason"] == "max_tokens"
+    body = message(META, finished(*[o for batch in _cut(pieces) for o in batch]), HERMES).dump()
+    assert body["content"] == [{"type": "text", "text": ""}] and body["stop_reason"] == "max_tokens"

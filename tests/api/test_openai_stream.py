@@ -11,9 +11,12 @@ import pytest
 from starlette.requests import ClientDisconnect
 
 from api.errors import ApiError
-from api.openai_outputs import ChoiceState, ResponseMeta, chat_chunk, chat_usage_chunk
+from api.openai_outputs import ChoiceState, ResponseMeta, chat_chunk, chat_completion, chat_usage_chunk
 from api.openai_stream import sse_frames
+from api.output_parser import OutputParser, OutputParsing
 from api.sse import EventStreamResponse
+from api.tool_parsers import make_format
+from tests.api.tool_goldens import TOOLS
 
 META = ResponseMeta("chatcmpl-1", 1, "smol")
 
@@ -22,11 +25,12 @@ async def no_texts(ids: set[int]) -> dict[int, str]:
     return {}
 
 
-def frames(batches, with_usage: bool = False) -> list[str]:
+def frames(batches, with_usage: bool = False, parsing: OutputParsing | None = None) -> list[str]:
     states = [ChoiceState(0, num_prompt_tokens=2)]
+    parser = OutputParser(parsing) if parsing is not None else None
 
     def chunk(index, delta, first, text):
-        return chat_chunk(META, index, delta, first, with_usage, text)
+        return chat_chunk(META, index, delta, first, with_usage, text, parser)
 
     usage = (lambda: chat_usage_chunk(META, states)) if with_usage else None
 
@@ -125,3 +129,48 @@ def test_event_stream_response_closes_even_if_the_client_left_before_the_first_f
         EventStreamResponse(two_batches(), on_close=lambda: None, heartbeat=_never).media_type
         == "text/event-stream"
     )
+
+
+HERMES = OutputParsing(make_format("hermes", TOOLS), frozenset(tool["name"] for tool in TOOLS))
+CUT_CALL = ["<tool_call>", '\n{"name": "get_time", ', '"arguments": {"timezone": "Eur']
+
+
+async def cut_batches(pieces: list[str]):
+    """One batch per piece; the last one hits max_tokens."""
+    for n, piece in enumerate(pieces, start=1):
+        finish = "length" if n == len(pieces) else None
+        yield 0, [RequestOutput("r", [n], piece, finish_reason=finish, num_output_tokens=n)]
+
+
+def _streamed(pieces: list[str]) -> tuple[str, list[dict], str]:
+    """(content, tool-call deltas, last finish reason) of a parsed stream."""
+    chunks = [json.loads(d) for d in payloads(frames(cut_batches(pieces), parsing=HERMES))[:-1]]
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    content = "".join(d.get("content") or "" for d in deltas)
+    calls = [call for d in deltas for call in d.get("tool_calls", [])]
+    return content, calls, chunks[-1]["choices"][0]["finish_reason"]
+
+
+def _whole(pieces: list[str]) -> dict:
+    state = ChoiceState(0, num_prompt_tokens=2)
+    state.add([RequestOutput("r", [1], "".join(pieces), finish_reason="length", num_output_tokens=3)])
+    return chat_completion(META, [state], {}, HERMES).choices[0].model_dump()
+
+
+def test_a_call_cut_by_max_tokens_is_a_call_with_its_arguments_so_far_and_finish_length():
+    content, calls, finish = _streamed(["On it.\n", *CUT_CALL])
+    assert (content, finish) == ("On it.\n", "length")
+    assert calls[0]["function"]["name"] == "get_time"
+    assert "".join(c["function"]["arguments"] for c in calls) == '{"timezone": "Eur'
+    whole = _whole(["On it.\n", *CUT_CALL])
+    assert (whole["message"]["content"], whole["finish_reason"]) == ("On it.\n", "length")
+    [call] = whole["message"]["tool_calls"]
+    assert call["function"] == {"name": "get_time", "arguments": '{"timezone": "Eur'}
+
+
+def test_a_call_cut_before_its_name_leaves_no_markup_and_no_call():
+    pieces = ["<tool_call>", '\n{"name": "get_t']
+    assert _streamed(pieces) == ("", [], "length")
+    whole = _whole(pieces)
+    assert whole["message"]["content"] == "" and whole["message"]["tool_calls"] is None
+    assert whole["finish_reason"] == "length"

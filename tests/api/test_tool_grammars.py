@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 
+from engine.messages import SamplingParams
+
 import pytest
 
+from api.tool_choice import ToolChoice, apply, output_parsing
 from api.tool_parsers import make_format
 from api.tool_parsers.extractor import ToolCallExtractor
 from tests.api.tool_goldens import TOOLS
@@ -94,6 +97,18 @@ def test_parallel_calls_only_when_allowed(tokenizer, parser):
     assert _accepts(tokenizer, make_format(parser, TOOLS).grammar(TOOLS, parallel=True), both)
     assert not _accepts(tokenizer, make_format(parser, TOOLS).grammar(TOOLS, parallel=False), both)
     assert _parsed_names(parser, both) == ["get_weather", "get_time"]
+
+
+@pytest.mark.parametrize("parser", CALLS)
+def test_a_named_choice_forces_exactly_one_call_even_with_parallel_calls_allowed(tokenizer, parser):
+    # A small model forced to a named tool by a grammar that allows more calls repeats the same call.
+    _, time, joiner = CALLS[parser]
+    choice = ToolChoice(TOOLS, "required", named="get_time", parallel=True)
+    params = SamplingParams()
+    apply(choice, output_parsing(choice, parser, None), params, "tool_choice")
+    assert params.structured is not None and params.structured.grammar is not None
+    assert _accepts(tokenizer, params.structured.grammar, _whole(parser, time))
+    assert not _accepts(tokenizer, params.structured.grammar, _whole(parser, time + joiner + time))
 
 
 @pytest.mark.parametrize("parser", CALLS)

@@ -75,13 +75,74 @@ def test_invalid_json_in_a_whole_output_stays_content():
     assert extractor.calls == [] and extractor.content == text
 
 
-def test_a_call_cut_short_keeps_the_arguments_streamed_so_far():
-    text = '<tool_call>\n{"name": "get_time", "arguments": {"timezone": "Eur'
-    extractor = ToolCallExtractor(make_format("hermes", TOOLS), NAMES)
-    extractor.feed(text)
+def test_a_call_cut_short_keeps_the_arguments_so_far_streamed_or_whole():
+    text = 'On it.\n<tool_call>\n{"name": "get_time", "arguments": {"timezone": "Eur'
+    for stream in (True, False):
+        extractor = ToolCallExtractor(make_format("hermes", TOOLS), NAMES, stream=stream)
+        extractor.feed(text)
+        extractor.finish()
+        assert [(c.name, c.arguments) for c in extractor.calls] == [("get_time", '{"timezone": "Eur')]
+        assert extractor.content == "On it.\n"
+
+
+def _cut(parser: str, text: str, stream: bool) -> tuple[str, list[tuple[str, str]]]:
+    """The content and (name, arguments text) calls of `text` as the whole output, fed at once or one
+    character at a time."""
+    extractor = ToolCallExtractor(make_format(parser, TOOLS), NAMES, stream=stream)
+    for piece in [text] if not stream else text:
+        extractor.feed(piece)
     extractor.finish()
-    assert [(c.name, c.arguments) for c in extractor.calls] == [("get_time", '{"timezone": "Eur')]
-    assert extractor.content == ""
+    return extractor.content, [(c.name, c.arguments) for c in extractor.calls]
+
+
+MARKUP = ("<tool", "<function", "[TOOL_CALLS]", "<|python_tag|>", "<｜tool", '{"name"')
+
+
+@pytest.mark.parametrize("golden", [g for g in GOLDENS if g.calls], ids=lambda g: f"{g.parser}:{g.text[:24]}")
+def test_an_output_cut_anywhere_never_leaks_call_markup_as_content(golden):
+    """max_tokens can end an output anywhere: inside an opener, before a call's name, inside its
+    arguments or its closing tag. Content is then the golden content so far, never markup; calls are
+    the golden calls so far, each with a prefix of its final arguments; streamed equals whole."""
+    _, whole = _cut(golden.parser, golden.text, stream=False)
+    for k in range(len(golden.text) + 1):
+        content, calls = _cut(golden.parser, golden.text[:k], stream=False)
+        assert golden.content.startswith(content), f"cut at {k}: {content!r}"
+        assert not any(tag in content for tag in MARKUP), f"cut at {k}: {content!r}"
+        assert len(calls) <= len(whole)
+        for (name, arguments), (final_name, final_arguments) in zip(calls, whole):
+            assert name == final_name and final_arguments.startswith(arguments), f"cut at {k}"
+        assert _cut(golden.parser, golden.text[:k], stream=True) == (content, calls), f"cut at {k}"
+
+
+@pytest.mark.parametrize(
+    ("parser", "text", "calls"),
+    [
+        ("hermes", "<tool_c", []),
+        ("hermes", '<tool_call>\n{"na', []),
+        ("hermes", '<tool_call>\n{"name": "get_time", "argu', [("get_time", "")]),
+        ("qwen3_coder", "<tool_call>\n<function=get_time>\n<parameter=time", [("get_time", "{")]),
+        ("llama3_json", '{"name": "get_ti', []),
+        ("mistral", "[TOOL_CALLS]get_wea", []),
+        ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Pa', [("get_weather", '{"city": "Pa')]),
+        ("deepseek", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_ti", []),
+    ],
+)
+def test_a_call_cut_before_its_arguments_is_dropped_or_kept_by_name(parser, text, calls):
+    for stream in (False, True):
+        assert _cut(parser, text, stream) == ("", calls)
+
+
+@pytest.mark.parametrize(
+    ("parser", "text"),
+    [
+        ("hermes", "Wrap calls in a <tool_call> tag"),
+        ("llama3_json", '{"answer": 4'),
+        ("mistral", "[TOOL_CALLS] sorry, no tool fits"),
+    ],
+)
+def test_an_open_region_that_does_not_begin_like_a_call_stays_content(parser, text):
+    for stream in (False, True):
+        assert _cut(parser, text, stream) == (text, [])
 
 
 def test_held_back_tag_prefix_is_released_when_it_is_not_a_tag():

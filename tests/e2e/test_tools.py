@@ -190,3 +190,107 @@ def test_anthropic_tool_result_round_trip(claude):
 def test_anthropic_tool_choice_none_calls_nothing(claude):
     message = _messages(claude, tool_choice={"type": "none"}, max_tokens=12)
     assert [b.type for b in message.content] == ["text"] and message.stop_reason != "tool_use"
+
+
+# --- Cut by max_tokens, or forced to one named tool ---------------------------------------------
+
+# Where a forced call's SmolLM2 tokens end at these max_tokens: inside the `<tool_call>` opener, before
+# the tool's name is complete, inside the arguments.
+CUT_AT = [3, 9, 20]
+RESPONSES_TOOLS = [{"type": "function", **t["function"]} for t in OPENAI_TOOLS]
+
+
+def _anthropic_stream(claude, **kwargs):
+    fields = {"model": MODEL, "messages": ASK, "tools": ANTHROPIC_TOOLS, "max_tokens": 60, **kwargs}
+    with claude.messages.stream(**fields, extra_body={"temperature": 0}) as stream:
+        return list(stream), stream.get_final_message()
+
+
+def _blocks(message) -> list[tuple]:
+    return [
+        (b.type, getattr(b, "text", None), getattr(b, "name", None), getattr(b, "input", None))
+        for b in message.content
+    ]
+
+
+@pytest.mark.parametrize("max_tokens", CUT_AT)
+def test_openai_call_cut_by_max_tokens_finishes_length_with_no_markup(client, max_tokens):
+    whole = _chat(client, tool_choice="required", max_tokens=max_tokens).choices[0]
+    assert whole.finish_reason == "length" and not whole.message.content
+    calls = whole.message.tool_calls or []
+    chunks = list(_chat(client, tool_choice="required", max_tokens=max_tokens, stream=True))
+    choices = [c.choices[0] for c in chunks if c.choices]
+    deltas = [tc for c in choices for tc in c.delta.tool_calls or []]
+    assert "".join(c.delta.content or "" for c in choices) == "" and choices[-1].finish_reason == "length"
+    assert [d.function.name for d in deltas if d.function.name] == [c.function.name for c in calls]
+    assert "".join(d.function.arguments or "" for d in deltas) == "".join(c.function.arguments for c in calls)
+    if max_tokens == CUT_AT[-1]:  # the name is out: the call comes, with its arguments so far
+        assert calls and calls[0].function.name in SCHEMAS
+
+
+@pytest.mark.parametrize("max_tokens", CUT_AT)
+def test_anthropic_tool_use_cut_by_max_tokens_stops_at_max_tokens_with_no_markup(claude, max_tokens):
+    whole = _messages(claude, tool_choice={"type": "any"}, max_tokens=max_tokens)
+    _, streamed = _anthropic_stream(claude, tool_choice={"type": "any"}, max_tokens=max_tokens)
+    for message in (whole, streamed):
+        assert message.stop_reason == "max_tokens"
+        assert all(not b.text for b in message.content if b.type == "text")
+    assert _blocks(whole) == _blocks(streamed)
+    if max_tokens == CUT_AT[-1]:
+        assert next(b.name for b in whole.content if b.type == "tool_use") in SCHEMAS
+
+
+@pytest.mark.parametrize("max_tokens", CUT_AT)
+def test_responses_call_cut_by_max_output_tokens_is_incomplete_with_no_markup(client, max_tokens):
+    fields = {
+        "model": MODEL,
+        "input": ASK[0]["content"],
+        "tools": RESPONSES_TOOLS,
+        "tool_choice": "required",
+        "max_output_tokens": max_tokens,
+        "temperature": 0,
+    }
+    whole = client.responses.create(**fields)
+    streamed = [e for e in client.responses.create(**fields, stream=True)][-1]
+    assert streamed.type == "response.incomplete"
+    for response in (whole, streamed.response):
+        assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+        texts = [part.text for item in response.output if item.type == "message" for part in item.content]
+        assert all(not text for text in texts)
+    calls = [(i.name, i.arguments) for i in whole.output if i.type == "function_call"]
+    assert calls == [(i.name, i.arguments) for i in streamed.response.output if i.type == "function_call"]
+
+
+def test_anthropic_named_tool_streams_exactly_one_tool_use(claude):
+    # Parallel tool use stays allowed: the tool choice alone must keep the model from calling again.
+    events, final = _anthropic_stream(
+        claude, tool_choice={"type": "tool", "name": "get_time"}, max_tokens=120
+    )
+    starts = [e for e in events if e.type == "content_block_start" and e.content_block.type == "tool_use"]
+    assert [e.content_block.name for e in starts] == ["get_time"]
+    assert [b.type for b in final.content] == ["tool_use"] and final.stop_reason == "tool_use"
+    assert _valid_arguments("get_time", final.content[0].input)
+
+
+def test_openai_and_responses_named_tool_stream_exactly_one_call(client):
+    choice = {"type": "function", "function": {"name": "get_time"}}
+    chunks = list(_chat(client, tool_choice=choice, max_tokens=120, stream=True))
+    deltas = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+    assert {d.index for d in deltas} == {0} and [d.function.name for d in deltas if d.function.name] == [
+        "get_time"
+    ]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    events = list(
+        client.responses.create(
+            model=MODEL,
+            input=ASK[0]["content"],
+            tools=RESPONSES_TOOLS,
+            tool_choice={"type": "function", "name": "get_time"},
+            max_output_tokens=120,
+            temperature=0,
+            stream=True,
+        )
+    )
+    final = events[-1].response
+    assert [i.name for i in final.output if i.type == "function_call"] == ["get_time"]
+    assert final.status == "completed"

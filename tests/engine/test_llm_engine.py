@@ -4,7 +4,7 @@ from dataclasses import replace
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.messages import GenerateRequest
+from engine.messages import GenerateRequest, StructuredOutputs
 from engine.runner.cpu import window_attention
 
 import pytest
@@ -122,3 +122,21 @@ def test_abort_frees_blocks_at_once(any_llm):
     outputs = llm.step()
     assert [o.finish_reason for o in outputs if o.request_id == "gone"] == ["abort"]
     assert llm.pool.num_used == 0 and not llm.has_unfinished_requests()
+
+
+def test_an_output_cut_inside_a_character_never_ends_in_a_broken_one(llm):
+    """max_tokens stops an output on a byte-level token holding part of an emoji's or a CJK character's
+    bytes: the output ends before that character, as every batch so far streamed it."""
+    target = "Fox 🦊 猫"
+    forced = StructuredOutputs(grammar=f'start: "{target}"')
+    prompt = chat_ids(llm, "Say something.")
+    requests = [
+        GenerateRequest(f"cut{k}", prompt, replace(greedy(k), structured=forced)) for k in range(1, 9)
+    ]
+    outputs = run_to_completion(llm, {0: requests})
+    cut_inside = 0
+    for request in requests:
+        text = "".join(o.new_text for o in outputs[request.request_id])
+        assert "\ufffd" not in text and target.startswith(text), (request.request_id, text)
+        cut_inside += llm.tokenizer.decode(token_ids(outputs[request.request_id])).endswith("\ufffd")
+    assert cut_inside, "no max_tokens fell inside a character"

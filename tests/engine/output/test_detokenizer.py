@@ -139,7 +139,7 @@ def test_sentencepiece_keeps_the_leading_space_of_a_continuation(sentencepiece):
     assert "".join(_stream(sentencepiece, [], output)) == "world"
 
 
-def test_incomplete_character_is_held_back_until_complete_or_flushed(byte_level):
+def test_incomplete_character_is_held_back_until_complete_or_dropped_at_finish(byte_level):
     prefix = _encode(byte_level, "ok ")
     emoji = _encode(byte_level, "🦊")  # not in the training corpus: several byte tokens
     assert len(emoji) > 1
@@ -149,7 +149,30 @@ def test_incomplete_character_is_held_back_until_complete_or_flushed(byte_level)
     assert detok.add_tokens(emoji[1:]) == "🦊"
     cut = IncrementalDetokenizer(byte_level, prefix)
     assert cut.add_tokens(emoji[:1]) == ""
-    assert cut.flush().endswith("\ufffd")  # at finish, held-back bytes are released as U+FFFD
+    assert cut.flush() == ""  # at finish, the bytes of a character never completed are dropped
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    """The engine's default model's tokenizer (byte-level BPE), as the engine loads it."""
+    from engine.config import EngineConfig
+    from engine.models.model_loader import load_tokenizer
+
+    return load_tokenizer(EngineConfig())
+
+
+@pytest.mark.parametrize("text", ["Sure: 😀", "答案：日本語", "Fox 🦊 and 猫"])
+def test_a_reply_cut_inside_a_character_ends_before_it(bundled, text):
+    """max_tokens can stop an output on a token that holds only part of a character's bytes."""
+    ids = _encode(bundled, text)
+    cuts = [k for k in range(1, len(ids)) if bundled.decode(ids[:k]).endswith("\ufffd")]
+    assert cuts, "no token boundary falls inside a character"
+    for k in range(1, len(ids) + 1):
+        expected = bundled.decode(ids[:k]).rstrip("\ufffd")
+        streamed = _stream(bundled, [], ids[:k])  # token by token, then the finish
+        whole = IncrementalDetokenizer(bundled, [])
+        assert "".join(streamed) == whole.add_tokens(ids[:k]) + whole.flush() == expected
+        assert "\ufffd" not in "".join(streamed), f"cut after {k} tokens"
 
 
 @pytest.mark.parametrize("skip", [True, False])
