@@ -1,4 +1,4 @@
-"""Typed config of the HTTP edge: API keys, CORS, body size, rate limit and timeout.
+"""Typed config of the HTTP edge: API keys, CORS, body size, rate limit, timeout and request-field policy.
 
 Validated once by the builder (deployments/app.py, the `security` and `limits` sections of the app's
 args) and handed to the Ingress; api/guard.py applies it. Defaults: auth off, CORS off, no rate
@@ -8,6 +8,7 @@ limit, a 10 MiB body limit and a 600 s request timeout.
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -118,4 +119,22 @@ class LimitsConfig(_Strict):
     )
     images: ImageLimitsConfig = Field(
         default_factory=ImageLimitsConfig, description="Image count, size and fetching limits."
+    )
+
+
+class CompatibilityConfig(_Strict):
+    """How leniently requests are read (docs/compatibility.md)."""
+
+    strict_request_fields: bool = Field(
+        False,
+        description="True: a top-level request field this server does not know is a 400 naming it. False "
+        "(default): it is accepted, left unread and logged once per route and name, since the OpenAI and "
+        "Anthropic APIs add fields faster than any server follows.",
+    )
+    max_tokens_policy: Literal["error", "clamp"] = Field(
+        "error",
+        description="A chat or text completion whose prompt plus max_tokens exceeds the context: 'error' "
+        "(default, OpenAI's convention) answers 400; 'clamp' lowers max_tokens to the room left, and the "
+        "reply ends with finish_reason 'length' when it runs out, as Ollama and llama.cpp do. Anthropic's "
+        "/v1/messages always clamps: its max_tokens is a ceiling.",
     )

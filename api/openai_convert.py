@@ -44,17 +44,16 @@ def resolve_model(requested: str, model_name: str, served_model_name: str | None
 
 def check_chat_supported(req: ChatCompletionRequest) -> None:
     _check_common(req)
-    for param in ("functions", "function_call", "audio", "prediction", "reasoning_effort", "verbosity"):
-        if getattr(req, param) is not None:
-            raise unsupported(param, "not implemented by this server")
-    if req.web_search_options is not None:
-        raise unsupported("web_search_options", "this server has no web search")
+    if req.functions is not None or req.function_call is not None:
+        param = "functions" if req.functions is not None else "function_call"
+        raise unsupported(
+            param, "the legacy function-calling fields are not served; send tools and tool_choice"
+        )
+    if req.audio is not None:
+        raise unsupported("audio", "this server produces no audio")
     if req.modalities not in (None, ["text"]):
         raise unsupported("modalities", "only ['text'] output is served")
-    if req.service_tier not in (None, "auto", "default"):
-        raise unsupported("service_tier", "this server has a single tier; use 'auto' or 'default'")
-    if req.store:
-        raise unsupported("store", "this server stores no completions")
+    template_kwargs(req)  # reserved names are a 400 before any tokenizing
     if req.top_logprobs is not None and not req.logprobs:
         raise invalid("top_logprobs", "'top_logprobs' requires 'logprobs' to be true")
     for i, message in enumerate(req.messages):
@@ -150,8 +149,31 @@ def chat_prompt(req: ChatCompletionRequest, choice: ToolChoice) -> ChatPrompt:
     opens_turn = True if req.add_generation_prompt is None else req.add_generation_prompt
     image_urls = tuple(chat_image_urls(req))
     return ChatPrompt(
-        chat_messages(req), template_tools(choice), image_urls=image_urls, opens_turn=opens_turn
+        chat_messages(req),
+        template_tools(choice),
+        image_urls=image_urls,
+        opens_turn=opens_turn,
+        template_kwargs=template_kwargs(req),
     )
+
+
+# Set by the server from the request's own fields; a template variable of the same name would fight them.
+_RESERVED_TEMPLATE_VARS = frozenset(
+    {"messages", "tools", "documents", "add_generation_prompt", "continue_final_message", "tokenize"}
+)
+
+
+def template_kwargs(req: ChatCompletionRequest) -> dict[str, Any]:
+    """`chat_template_kwargs`, plus `reasoning_effort` as the variable gpt-oss-style templates read."""
+    extra = dict(req.chat_template_kwargs or {})
+    if reserved := sorted(_RESERVED_TEMPLATE_VARS & set(extra)):
+        raise invalid(
+            f"chat_template_kwargs.{reserved[0]}",
+            f"chat_template_kwargs may not set {reserved}: the server sets them from the request's fields",
+        )
+    if req.reasoning_effort is not None:
+        extra.setdefault("reasoning_effort", req.reasoning_effort)
+    return extra
 
 
 def completion_prompts(req: CompletionRequest) -> list[str | list[int]]:

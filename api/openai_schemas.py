@@ -1,8 +1,9 @@
 """OpenAI request bodies for /v1/chat/completions and /v1/completions, as strict pydantic models.
 
-Owns the wire names and types of every request parameter. Unknown fields are rejected (extra="forbid");
-fields that parse but are not honoured are rejected by api/openai_convert.py, so nothing is dropped
-silently. Nullable fields default to None and get their OpenAI defaults in the converter.
+Owns the wire names and types of every request parameter. Unknown nested fields are rejected
+(extra="forbid"), unknown top-level fields go to api/body.py's UnknownFields; fields that parse but are
+not honoured are rejected by api/openai_convert.py, so nothing is dropped silently. Nullable fields
+default to None and get their OpenAI defaults in the converter.
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ class _SamplingFields(_Strict):
 
 
 class ChatCompletionRequest(_SamplingFields):
+    # Unknown top-level fields reach api/body.py's UnknownFields, which accepts or refuses them.
+    model_config = ConfigDict(extra="allow")
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
@@ -95,22 +98,35 @@ class ChatCompletionRequest(_SamplingFields):
     function_call: str | dict[str, Any] | None = None
     audio: dict[str, Any] | None = None
     modalities: list[str] | None = None
-    prediction: dict[str, Any] | None = None
-    reasoning_effort: str | None = None
-    verbosity: str | None = None
-    web_search_options: dict[str, Any] | None = None
-    service_tier: str | None = None
-    store: bool | None = None
+    prediction: dict[str, Any] | None = Field(
+        None, description="Accepted and ignored: predicted outputs only speed up a hosted model."
+    )
+    reasoning_effort: str | None = Field(
+        None,
+        description="Passed to the chat template as `reasoning_effort`; templates that lack it ignore it.",
+    )
+    verbosity: str | None = Field(None, description="Accepted and ignored: a hint no local model reads.")
+    web_search_options: dict[str, Any] | None = Field(
+        None, description="Accepted and ignored: this server runs no web search (a hosted tool)."
+    )
+    service_tier: str | None = Field(None, description="Accepted; the response reports 'default'.")
+    store: bool | None = Field(None, description="Accepted and ignored: nothing is stored for evals.")
     metadata: dict[str, str] | None = Field(None, description="Accepted and ignored (nothing is stored).")
     prompt_cache_key: str | None = Field(
         None, description="Accepted and ignored: prefix caching is automatic and shared."
     )
     safety_identifier: str | None = Field(None, description="Accepted and ignored, like `user`.")
-    # Extension: render the template without the assistant header (vLLM's name).
+    # Extensions, as vLLM names them: render the template without the assistant header; extra template
+    # variables (e.g. {"enable_thinking": false} for Qwen3).
     add_generation_prompt: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="Variables passed to the chat template, e.g. {'enable_thinking': false}."
+    )
 
 
 class CompletionRequest(_SamplingFields):
+    # Unknown top-level fields reach api/body.py's UnknownFields, which accepts or refuses them.
+    model_config = ConfigDict(extra="allow")
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=20)
     best_of: int | None = Field(None, ge=1)
@@ -119,6 +135,8 @@ class CompletionRequest(_SamplingFields):
 
 
 class EmbeddingRequest(_Strict):
+    # Unknown top-level fields reach api/body.py's UnknownFields, which accepts or refuses them.
+    model_config = ConfigDict(extra="allow")
     model: str
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] | None = None

@@ -7,7 +7,7 @@ borrows another's wire format. No Ray, no MLX.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 Message = dict[str, Any]
@@ -71,6 +71,9 @@ class ChatPrompt:
     continue_final_message: bool = False
     image_urls: tuple[str, ...] = ()  # one per image part, in prompt order: data:, http(s): or file: URLs
     opens_turn: bool | None = None  # None: open an assistant turn unless continuing the last one
+    # Extra variables for the template (chat_template_kwargs, reasoning_effort): templates read the ones
+    # they know, e.g. Qwen3's `enable_thinking`; the rest change nothing.
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def add_generation_prompt(self) -> bool:

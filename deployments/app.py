@@ -31,7 +31,7 @@ from engine.config import EngineConfig
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from ray.serve import Application, Deployment
 
-from api.config import LimitsConfig, SecurityConfig
+from api.config import CompatibilityConfig, LimitsConfig, SecurityConfig
 from api.reasoning_parsers import check_name as check_reasoning_name
 from api.tool_parsers import canonical_name
 from deployments.embedder import Embedder
@@ -131,6 +131,10 @@ class AppConfig(_Strict):
     limits: LimitsConfig = Field(
         default_factory=LimitsConfig, description="Body size, rate limit, request timeout; api/config.py."
     )
+    compatibility: CompatibilityConfig = Field(
+        default_factory=CompatibilityConfig,
+        description="Unknown request fields and over-long max_tokens; api/config.py.",
+    )
     tool_call_parser: str | None = Field(
         "auto",
         description="Tool-call format read from the output (docs/tools.md): 'auto' (from the chat "
@@ -203,6 +207,7 @@ def build_app(args: dict[str, Any]) -> Application:
         config.engine.served_model_name,
         security,
         config.limits,
+        config.compatibility,
         tool_call_parser=config.tool_call_parser,
         reasoning_parser=config.reasoning_parser,
     )

@@ -23,7 +23,11 @@ from deployments.watched_handle import WatchedHandle
 async def prompt_ids(tokenizer: WatchedHandle, prompt: ChatPrompt, prompt_param: str) -> list[int]:
     """The rendered prompt's token ids; a prompt the template refuses is a 400 blaming `prompt_param`."""
     ids: list[int] | EngineError = await tokenizer.chat_prompt_ids.remote(
-        prompt.messages, prompt.add_generation_prompt, prompt.tools, prompt.continue_final_message
+        prompt.messages,
+        prompt.add_generation_prompt,
+        prompt.tools,
+        prompt.continue_final_message,
+        prompt.template_kwargs,
     )
     if isinstance(ids, EngineError):
         if ids.param == "messages":  # the Tokenizer names chat completions' field; this route's may differ
@@ -68,6 +72,7 @@ async def image_prompt_inputs(
         prompt.add_generation_prompt,
         prompt.tools,
         prompt.continue_final_message,
+        prompt.template_kwargs,
     )
     if isinstance(result, EngineError):
         raise from_engine_error(result, prompt_param)

@@ -9,6 +9,7 @@ annotations lose their globals, and FastAPI then took `request: Request` for a q
 
 import asyncio
 from contextlib import aclosing
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -22,12 +23,13 @@ from ray.serve.handle import DeploymentHandle
 
 from api import sse
 from api.anthropic_schemas import CountTokensRequest, MessagesRequest
-from api.body import parse_body
+from api.body import UnknownFields, parse_body
 from api.choice_state import ChoiceState, Delta
-from api.config import LimitsConfig, SecurityConfig
+from api.config import CompatibilityConfig, LimitsConfig, SecurityConfig
 from api.error_handlers import install_error_handlers
 from api.errors import ApiError, from_engine_error, model_not_found
 from api.guard import GuardMiddleware
+from api.max_tokens import fit_max_tokens
 from api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from api.metrics import render_metrics
 from api.openai_convert import (
@@ -111,11 +113,14 @@ class Ingress:
         served_model_name: str | None,
         security: SecurityConfig | None = None,
         limits: LimitsConfig | None = None,
+        compatibility: CompatibilityConfig | None = None,
         tool_call_parser: str | None = "auto",
         reasoning_parser: str | None = None,
     ):
         self.security = security or SecurityConfig()  # read by api/guard.py via _guard_configs
         self.limits = limits or LimitsConfig()
+        self._compatibility = compatibility or CompatibilityConfig()
+        self._unknown_fields = UnknownFields(self._compatibility.strict_request_fields)
         # Every call to another deployment fails fast with a 503 while that deployment is down.
         self._watch = DeploymentWatch(partial(read_serve_status, serve.get_replica_context().app_name))
         try:  # from the start, so that a deployment that fails is logged even before any request
@@ -131,11 +136,17 @@ class Ingress:
         self._embedding_model: str | None = None
         self._parsers = OutputParsers(tokenizer, tool_call_parser, reasoning_parser)
         self._anthropic = AnthropicRoutes(
-            scheduler, tokenizer, self._resolve_model, self._model_info, self._parsers
+            scheduler, tokenizer, self._resolve_model, self._model_info, self._parsers, self._unknown_fields
         )
         self._anthropic.image_limits = self.limits.images
         self._responses = ResponsesRoutes(
-            scheduler, tokenizer, self._resolve_model, self._model_info, self._parsers, self.limits.images
+            scheduler,
+            tokenizer,
+            self._resolve_model,
+            self._model_info,
+            self._parsers,
+            self.limits.images,
+            self._unknown_fields,
         )
 
     def __del__(self) -> None:  # Ray Serve calls it when it stops the replica
@@ -212,7 +223,7 @@ class Ingress:
 
     @app.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
     async def chat_completions(self, request: Request) -> Response:
-        req = await parse_body(request, ChatCompletionRequest)
+        req = await parse_body(request, ChatCompletionRequest, self._unknown_fields)
         model = await self._resolve_model(req.model)
         check_chat_supported(req)
         params = chat_sampling_params(req)
@@ -240,7 +251,7 @@ class Ingress:
 
     @app.post("/v1/completions", openapi_extra=request_body(CompletionRequest))
     async def completions(self, request: Request) -> Response:
-        req = await parse_body(request, CompletionRequest)
+        req = await parse_body(request, CompletionRequest, self._unknown_fields)
         model = await self._resolve_model(req.model)
         check_completion_supported(req)
         params = completion_sampling_params(req)
@@ -263,7 +274,7 @@ class Ingress:
 
     @app.post("/v1/embeddings", openapi_extra=request_body(EmbeddingRequest))
     async def embeddings(self, request: Request) -> Response:
-        req = await parse_body(request, EmbeddingRequest)
+        req = await parse_body(request, EmbeddingRequest, self._unknown_fields)
         if self._embedder is None:
             raise ApiError(
                 404, "embeddings are not enabled on this server", param="model", code="model_not_found"
@@ -318,6 +329,7 @@ class Ingress:
         """Starts one engine request per prompt, each with `n` samples (choice p * n + j); raises the
         ApiError of a rejected one."""
         ids = [meta.id] if len(prompts) == 1 else [f"{meta.id}-{i}" for i in range(len(prompts))]
+        params = await self._fit_max_tokens(params, max(len(p) for p in prompts))
         requests = [GenerateRequest(rid, ids_, params, images, n) for rid, ids_ in zip(ids, prompts)]
         generation = Generation(self._scheduler, requests, prompt_param)
         await generation.start()
@@ -327,6 +339,15 @@ class Ingress:
             for j in range(n)
         ]
         return generation, states
+
+    async def _fit_max_tokens(self, params: SamplingParams, num_prompt_tokens: int) -> SamplingParams:
+        """max_tokens_policy 'clamp' lowers an over-long max_tokens to the room the longest prompt leaves."""
+        policy = self._compatibility.max_tokens_policy
+        if policy == "error" or params.max_tokens is None:
+            return params
+        max_model_len = (await self._model_info()).max_model_len
+        fitted = fit_max_tokens(params.max_tokens, num_prompt_tokens, max_model_len, policy)
+        return params if fitted == params.max_tokens else replace(params, max_tokens=fitted)
 
     async def _token_texts(self, states: list[ChoiceState]) -> TokenText:
         ids = set().union(*(logprob_token_ids(s.logprobs) for s in states))

@@ -47,11 +47,12 @@ class Tokenizer:
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
         continue_final_message: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int] | InvalidRequestError:
         """Renders the chat template and encodes it; the template adds any BOS it wants.
 
         `continue_final_message` leaves the last (assistant) turn open, so generation continues it."""
-        text = self._render(messages, add_generation_prompt, tools, continue_final_message)
+        text = self._render(messages, add_generation_prompt, tools, continue_final_message, template_kwargs)
         if isinstance(text, InvalidRequestError):
             return text
         return list(self._tokenizer.encode(text, add_special_tokens=False))
@@ -64,12 +65,13 @@ class Tokenizer:
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
         continue_final_message: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> tuple[list[int], ImageInputs] | InvalidRequestError:
         """Like `chat_prompt_ids`, for messages with image parts: the images' bytes (in prompt order) are
         decoded and processed off this replica's event loop; the ids carry the expanded image tokens."""
         if self._images is None:
             return InvalidRequestError("this model accepts no images; send text only", "messages")
-        text = self._render(messages, add_generation_prompt, tools, continue_final_message)
+        text = self._render(messages, add_generation_prompt, tools, continue_final_message, template_kwargs)
         if isinstance(text, InvalidRequestError):
             return text
         try:
@@ -83,6 +85,7 @@ class Tokenizer:
         add_generation_prompt: bool,
         tools: list[dict[str, Any]] | None,
         continue_final_message: bool,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> str | InvalidRequestError:
         if self._images is not None:
             messages = as_content_parts(messages)
@@ -93,7 +96,7 @@ class Tokenizer:
             messages = flatten_tool_turns(messages)
         if tools and not renders_tools(source):
             messages, tools = add_tools_prompt(messages, tools), None
-        kwargs: dict[str, Any] = {"tools": tools} if tools else {}
+        kwargs: dict[str, Any] = {**(template_kwargs or {}), **({"tools": tools} if tools else {})}
         if continue_final_message:
             kwargs["continue_final_message"] = True
         try:

@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from api.anthropic_schemas import MessagesRequest
-from api.body import parse_body
+from api.body import UnknownFields, parse_body
 from api.error_handlers import install_error_handlers
 from api.errors import from_engine_error
 from api.openai_schemas import ChatCompletionRequest, EmbeddingRequest
@@ -30,9 +30,16 @@ def client() -> TestClient:
     app = FastAPI()
     install_error_handlers(app)
 
+    strict, lenient = UnknownFields(strict=True), UnknownFields()
+
     @app.post("/chat")
     async def chat(request: Request):
-        return (await parse_body(request, ChatCompletionRequest)).model_dump(exclude_none=True)
+        return (await parse_body(request, ChatCompletionRequest, strict)).model_dump(exclude_none=True)
+
+    @app.post("/lenient")
+    async def lenient_chat(request: Request):
+        body = await parse_body(request, ChatCompletionRequest, lenient)
+        return {"model_extra": body.model_extra, "seen": lenient.seen()}
 
     @app.get("/typed/{n}")
     async def typed(n: int):
@@ -69,6 +76,23 @@ def test_unknown_field_is_400_naming_it(client):
     response = client.post("/chat", json=body)
     error = error_of(response)
     assert response.status_code == 400 and error["param"] == "frobnicate" and "frobnicate" in error["message"]
+
+
+def test_unknown_top_level_field_is_accepted_and_logged_once_when_lenient(client, caplog):
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "frobnicate_lenient": 1}
+    with caplog.at_level("WARNING", logger="api.body"):
+        first, second = client.post("/lenient", json=body), client.post("/lenient", json=body)
+    assert first.status_code == second.status_code == 200
+    assert second.json()["seen"] == [["/lenient", "frobnicate_lenient"]]
+    assert [r.getMessage() for r in caplog.records].count(
+        "/lenient: unknown request field 'frobnicate_lenient' accepted and ignored (logged once)"
+    ) == 1
+
+
+def test_unknown_nested_field_is_400_even_when_lenient(client):
+    body = {"model": "m", "messages": [{"role": "user", "content": "x", "frobnicate": 1}]}
+    response = client.post("/lenient", json=body)
+    assert response.status_code == 400 and error_of(response)["param"] == "messages[0].frobnicate"
 
 
 def test_bad_nested_value_names_the_path(client):

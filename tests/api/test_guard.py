@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 from starlette.responses import StreamingResponse
 
-from api.body import parse_body
+from api.body import UnknownFields, parse_body
 from api.config import LimitsConfig, RateLimitConfig, SecurityConfig
 from api.error_handlers import install_error_handlers
 from api.guard import GuardMiddleware
@@ -38,7 +38,7 @@ def make_app() -> FastAPI:
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request):
-        return (await parse_body(request, EmbeddingRequest)).model_dump(exclude_none=True)
+        return (await parse_body(request, EmbeddingRequest, UnknownFields())).model_dump(exclude_none=True)
 
     @app.post("/v1/messages")
     async def messages(request: Request):

@@ -20,6 +20,7 @@ from api.openai_convert import (
     include_usage,
     resolve_model,
     samples_per_prompt,
+    template_kwargs,
 )
 from api.openai_schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from api.openai_tools import tool_choice
@@ -122,11 +123,11 @@ def test_empty_stop_string_is_400():
         ({"functions": [{"name": "f"}]}, "functions"),
         ({"audio": {"voice": "alloy"}}, "audio"),
         ({"modalities": ["text", "audio"]}, "modalities"),
-        ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
-        ({"reasoning_effort": "low"}, "reasoning_effort"),
-        ({"web_search_options": {}}, "web_search_options"),
-        ({"store": True}, "store"),
-        ({"service_tier": "flex"}, "service_tier"),
+        ({"function_call": "auto"}, "function_call"),
+        (
+            {"chat_template_kwargs": {"add_generation_prompt": False}},
+            "chat_template_kwargs.add_generation_prompt",
+        ),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         (
@@ -136,6 +137,7 @@ def test_empty_stop_string_is_400():
     ],
 )
 def test_unhonoured_chat_params_are_400_naming_the_param(fields, param):
+    """The fields docs/compatibility.md rejects (its no-ops are checked by test_compatibility_doc.py)."""
     with pytest.raises(ApiError) as err:
         check_chat_supported(chat(**fields))
     assert err.value.status == 400 and err.value.param == param
@@ -262,3 +264,10 @@ def test_chat_prompt_keeps_add_generation_prompt_tools_and_images():
     unopened = ChatCompletionRequest.model_validate(body | {"add_generation_prompt": False})
     prompt = chat_prompt(unopened, tool_choice(None, None, None))
     assert not prompt.add_generation_prompt and not prompt.continue_final_message
+
+
+def test_template_kwargs_carry_chat_template_kwargs_and_reasoning_effort():
+    req = chat(chat_template_kwargs={"enable_thinking": False}, reasoning_effort="low")
+    assert template_kwargs(req) == {"enable_thinking": False, "reasoning_effort": "low"}
+    explicit = chat(chat_template_kwargs={"reasoning_effort": "high"}, reasoning_effort="low")
+    assert template_kwargs(explicit) == {"reasoning_effort": "high"}  # the explicit variable wins

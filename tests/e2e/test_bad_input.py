@@ -74,7 +74,9 @@ def json_cases(path: str) -> dict[str, dict]:
             path, [{"role": "robot", "content": "Hi"}], [{"role": "robot", "content": "Hi"}]
         ),
         "huge_prompt": _with_prompt(path, [{"role": "user", "content": HUGE_PROMPT}], HUGE_PROMPT),
-        "unknown_field": {**ROUTES[path], "frobnicate": True},
+        "unknown_nested_field": _with_prompt(
+            path, [{**user, "frobnicate": True}], [{**user, "frobnicate": True}]
+        ),
         "model_is_a_number": {**ROUTES[path], "model": 7},
         "content_is_an_object": _with_prompt(path, [{"role": "user", "content": {"a": 1}}], {"a": 1}),
         "not_an_image": _with_prompt(path, [_image_message(path)], [_image_message(path)]),
@@ -144,6 +146,14 @@ def test_a_100k_token_prompt_is_counted_and_refused_for_generation(http):
     assert counted.status_code == 200 and counted.json()["input_tokens"] >= 100_000
     refused = http.post("/v1/messages", json={"model": MODEL, "messages": messages, "max_tokens": 2})
     assert refused.status_code == 400 and refused.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_an_unknown_top_level_field_is_accepted_on_every_route(http):
+    """docs/compatibility.md: the APIs add fields weekly; an unknown one is logged once, not refused
+    (the e2e app runs the default `strict_request_fields: false`; tests/api/test_errors.py covers true)."""
+    for path, body in ROUTES.items():
+        response = http.post(path, json={**body, "frobnicate_2026": {"any": "value"}})
+        assert response.status_code == 200, (path, response.text[:300])
 
 
 def test_the_server_still_answers_every_route_after_the_table(http):
