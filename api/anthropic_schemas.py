@@ -1,15 +1,17 @@
-"""Anthropic Messages request bodies for /v1/messages and /v1/messages/count_tokens, as strict pydantic models.
+"""Anthropic Messages request bodies for /v1/messages and /v1/messages/count_tokens, as strict pydantic
+models.
 
-Owns the wire names and types of every request field. Unknown fields are rejected (extra="forbid");
-fields that parse but are not honoured are rejected by api/anthropic_convert.py, so nothing is dropped
-silently. Fields described as "accepted and ignored" change nothing a client could observe here.
+Owns the wire names and types of every request field. Unknown nested fields are rejected
+(extra="forbid"), unknown top-level fields go to api/body.py's UnknownFields; fields that parse but are
+not honoured are rejected by api/anthropic_convert.py, so nothing is dropped silently. Fields described
+as "accepted and ignored" (no-ops) change nothing a client could observe here: each description says why.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
 
 _IGNORED_CACHE = "Accepted and ignored: prefix caching is automatic and shared."
 _DIRECT_CALLER = (
@@ -50,14 +52,6 @@ class ToolUseBlock(_Strict):
         return caller
 
 
-class ToolResultBlock(_Strict):
-    type: Literal["tool_result"]
-    tool_use_id: str
-    content: str | list[TextBlock] = ""
-    is_error: bool | None = None
-    cache_control: dict[str, Any] | None = Field(None, description=_IGNORED_CACHE)
-
-
 class ImageSource(_Strict):
     type: Literal["base64", "url"]
     media_type: str | None = Field(
@@ -75,6 +69,24 @@ class ImageBlock(_Strict):
     cache_control: dict[str, Any] | None = Field(None, description=_IGNORED_CACHE)
 
 
+class ThinkingBlock(_Strict):
+    """Reasoning of an earlier assistant turn: it becomes that turn's `reasoning_content` (templates that
+    know reasoning render it, others drop it)."""
+
+    type: Literal["thinking"]
+    thinking: str
+    signature: str = Field("", description="Accepted and ignored: this server signs and checks nothing.")
+    cache_control: dict[str, Any] | None = Field(None, description=_IGNORED_CACHE)
+
+
+class RedactedThinkingBlock(_Strict):
+    """Another server's encrypted reasoning: nothing here can read it, so it is dropped from the prompt."""
+
+    type: Literal["redacted_thinking"]
+    data: str
+    cache_control: dict[str, Any] | None = Field(None, description=_IGNORED_CACHE)
+
+
 class UnsupportedBlock(BaseModel):
     """A block type Anthropic defines that this text-only server cannot read; rejected by name."""
 
@@ -82,8 +94,7 @@ class UnsupportedBlock(BaseModel):
     type: Literal[
         "document",
         "search_result",
-        "thinking",
-        "redacted_thinking",
+        "tool_reference",
         "server_tool_use",
         "web_search_tool_result",
         "web_fetch_tool_result",
@@ -95,13 +106,35 @@ class UnsupportedBlock(BaseModel):
     ]
 
 
+ResultBlock = Annotated[TextBlock | ImageBlock | UnsupportedBlock, Field(discriminator="type")]
+
+
+class ToolResultBlock(_Strict):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[ResultBlock] = Field("", description="Text only; other blocks are refused by name.")
+    is_error: bool | None = None
+    cache_control: dict[str, Any] | None = Field(None, description=_IGNORED_CACHE)
+
+
 ContentBlock = Annotated[
-    TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | UnsupportedBlock, Field(discriminator="type")
+    TextBlock
+    | ImageBlock
+    | ToolUseBlock
+    | ToolResultBlock
+    | ThinkingBlock
+    | RedactedThinkingBlock
+    | UnsupportedBlock,
+    Field(discriminator="type"),
 ]
 
 
 class Message(_Strict):
-    role: Literal["user", "assistant"]
+    """`system` messages are Claude Code's mid-conversation instructions (text only): rendered in place
+    where the chat template allows it, else folded into the system prompt (see
+    deployments/anthropic_routes.py)."""
+
+    role: Literal["user", "assistant", "system"]
     content: str | list[ContentBlock]
 
 
@@ -113,9 +146,20 @@ class ToolDefinition(_Strict):
     input_schema: dict[str, Any] | None = None
     type: str | None = None
     cache_control: dict[str, Any] | None = Field(None, description=_IGNORED_CACHE)
-    strict: bool | None = Field(None, description="Accepted: this server produces no tool calls yet.")
+    strict: bool | None = Field(
+        None, description="Accepted: forced calls follow the schema by grammar, free ones are not checked."
+    )
     eager_input_streaming: bool | None = Field(
-        None, description="Accepted: this server streams no tool input yet."
+        None, description="Accepted: tool input always streams as it is parsed (input_json_delta)."
+    )
+    defer_loading: bool | None = Field(
+        None, description="Accepted: with no tool search here, deferred tools are shown up front."
+    )
+    input_examples: list[dict[str, Any]] | None = Field(
+        None, description="Shown to the model after the tool's description."
+    )
+    allowed_callers: list[str] | None = Field(
+        None, description="Must include 'direct': this server runs no code-execution callers."
     )
 
 
@@ -123,8 +167,80 @@ class ToolChoice(_Strict):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: bool | None = Field(
-        None, description="Accepted: this server produces no tool calls yet."
+        None, description="Honoured where the call is forced (any, tool): the grammar allows one call."
     )
+
+
+class ThinkingEnabled(_Strict):
+    type: Literal["enabled"]
+    budget_tokens: int = Field(
+        ..., ge=1, description="Accepted, not enforced: nothing caps reasoning apart from max_tokens."
+    )
+    display: Literal["summarized", "omitted"] | None = Field(
+        None, description="Accepted and ignored: reasoning is returned whole."
+    )
+
+
+class ThinkingAdaptive(_Strict):
+    type: Literal["adaptive"]
+    display: Literal["summarized", "omitted"] | None = Field(
+        None, description="Accepted and ignored: reasoning is returned whole."
+    )
+
+
+class ThinkingDisabled(_Strict):
+    type: Literal["disabled"]
+
+
+Thinking = Annotated[ThinkingEnabled | ThinkingAdaptive | ThinkingDisabled, Field(discriminator="type")]
+
+
+class OutputConfig(_Strict):
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = Field(
+        None,
+        description="Accepted and ignored: no local model reads an effort level; `thinking` does reach it.",
+    )
+    format: dict[str, Any] | None = Field(
+        None, description="{'type': 'json_schema', 'schema': ...}, enforced while decoding."
+    )
+
+
+class ThinkingTurns(_Strict):
+    type: Literal["thinking_turns"]
+    value: int = Field(..., ge=0)
+
+
+class AllThinkingTurns(_Strict):
+    type: Literal["all"]
+
+
+class ClearThinkingEdit(_Strict):
+    """Drops the reasoning of all but the last `keep` assistant turns that have some (default 1)."""
+
+    type: str
+    keep: ThinkingTurns | AllThinkingTurns | Literal["all"] | None = None
+
+
+class OtherEdit(BaseModel):
+    """Any other context edit (clear_tool_uses_*, compact_*): parsed to be refused by name."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+
+
+def _edit_kind(edit: Any) -> str:
+    kind = edit.get("type") if isinstance(edit, dict) else getattr(edit, "type", None)
+    return "clear_thinking" if isinstance(kind, str) and kind.startswith("clear_thinking_") else "other"
+
+
+ContextEdit = Annotated[
+    Annotated[ClearThinkingEdit, Tag("clear_thinking")] | Annotated[OtherEdit, Tag("other")],
+    Discriminator(_edit_kind),
+]
+
+
+class ContextManagement(_Strict):
+    edits: list[ContextEdit] = Field(default_factory=list)
 
 
 class Metadata(BaseModel):
@@ -140,14 +256,19 @@ class _PromptFields(_Strict):
     system: str | list[TextBlock] | None = None
     tools: list[ToolDefinition] | None = None
     tool_choice: ToolChoice | None = None
-    thinking: dict[str, Any] | None = Field(None, description="Only {'type': 'disabled'} is served.")
-    output_config: dict[str, Any] | None = Field(
-        None, description="Only `format`: {'type': 'json_schema', 'schema': ...}, enforced while decoding."
+    thinking: Thinking | None = Field(
+        None,
+        description="Passed to the chat template as `enable_thinking` (false only for 'disabled'), which "
+        "Qwen3-style templates read. With a reasoning parser configured, what the model reasons comes back "
+        "as thinking blocks; without one the output is all text.",
     )
+    output_config: OutputConfig | None = None
     output_format: dict[str, Any] | None = Field(
         None, description="The structured-outputs beta's spelling of output_config.format."
     )
-    context_management: dict[str, Any] | None = Field(None, description="Refused unless null.")
+    context_management: ContextManagement | None = Field(
+        None, description="Only clear_thinking_* edits; any other edit is refused by name."
+    )
     mcp_servers: list[dict[str, Any]] | None = Field(None, description="Refused unless empty.")
     cache_control: dict[str, Any] | None = Field(None, description=_IGNORED_CACHE)
     speed: Literal["standard", "fast"] | None = Field(None, description="Only 'standard' is served.")
@@ -156,6 +277,8 @@ class _PromptFields(_Strict):
 
 
 class MessagesRequest(_PromptFields):
+    # Unknown top-level fields reach api/body.py's UnknownFields, which accepts or refuses them.
+    model_config = ConfigDict(extra="allow")
     max_tokens: int = Field(..., ge=1)
     stop_sequences: list[str] | None = None
     stream: bool | None = None
@@ -172,4 +295,5 @@ class MessagesRequest(_PromptFields):
 
 
 class CountTokensRequest(_PromptFields):
-    pass
+    # Unknown top-level fields reach api/body.py's UnknownFields, which accepts or refuses them.
+    model_config = ConfigDict(extra="allow")

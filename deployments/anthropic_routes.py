@@ -15,12 +15,19 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
 from api import sse
-from api.anthropic_convert import chat_prompt, check_supported, sampling_params, tool_choice
+from api.anthropic_convert import (
+    chat_prompt,
+    check_supported,
+    fold_system_turns,
+    sampling_params,
+    tool_choice,
+)
 from api.anthropic_outputs import MessageMeta, message
 from api.anthropic_schemas import CountTokensRequest, MessagesRequest
 from api.anthropic_stream import message_events
-from api.body import parse_body
+from api.body import UnknownFields, parse_body
 from api.config import ImageLimitsConfig
+from api.errors import ApiError
 from api.template_messages import ChatPrompt
 from deployments import chat_generation
 from deployments.messages import ModelInfo
@@ -38,7 +45,9 @@ class AnthropicRoutes:
         resolve_model: Callable[[str], Awaitable[str]],
         model_info: Callable[[], Awaitable[ModelInfo]],
         parsers: OutputParsers,
+        unknown_fields: UnknownFields,
     ):
+        self._unknown_fields = unknown_fields
         self._scheduler = scheduler
         self._tokenizer = tokenizer
         self._resolve_model = resolve_model
@@ -47,12 +56,12 @@ class AnthropicRoutes:
         self.image_limits = ImageLimitsConfig()  # the Ingress sets its configured limits
 
     async def create(self, request: Request) -> Response:
-        req = await parse_body(request, MessagesRequest)
+        req = await parse_body(request, MessagesRequest, self._unknown_fields)
         meta = MessageMeta.new(await self._resolve_model(req.model))
         check_supported(req)
         params = sampling_params(req)
         parsing = await self._parsers.for_request(tool_choice(req), params, "tool_choice")
-        ids, images = await self._prompt_inputs(chat_prompt(req))
+        ids, images = await self._rendered(chat_prompt(req))
         # Anthropic's max_tokens is a ceiling, and Claude Code sends its own model's (32000) whatever
         # the served context: cap it to the room the prompt leaves; a prompt with no room still fails.
         room = (await self._model_info()).max_model_len - len(ids)
@@ -67,6 +76,19 @@ class AnthropicRoutes:
         frames = message_events(meta, state, generation.batches(), parsing)
         return sse.EventStreamResponse(frames, on_close=generation.cancel, heartbeat=generation.heartbeat)
 
+    async def _rendered(self, prompt: ChatPrompt) -> tuple[list[int], ImageInputs | None]:
+        """System messages after the first turn stay in place where the template renders them (Llama 3,
+        Qwen, ChatML); a template that refuses them (Gemma, Mistral: system first, roles alternating)
+        gets them folded into the system prompt instead. Trying beats guessing from the template's
+        source, and costs a second render only on a request that would otherwise fail. A template that
+        drops such turns without an error goes unnoticed: the Tokenizer returns ids, not text."""
+        try:
+            return await self._prompt_inputs(prompt)
+        except ApiError as exc:
+            if exc.status != 400 or (folded := fold_system_turns(prompt)) is None:
+                raise
+        return await self._prompt_inputs(folded)
+
     async def _prompt_inputs(self, prompt: ChatPrompt) -> tuple[list[int], ImageInputs | None]:
         return await chat_generation.prompt_inputs(
             self._tokenizer, prompt, PROMPT_PARAM, self._model_info, self.image_limits
@@ -74,8 +96,8 @@ class AnthropicRoutes:
 
     async def count_tokens(self, request: Request) -> Response:
         """The prompt's length exactly as /v1/messages would count it in `usage.input_tokens`."""
-        req = await parse_body(request, CountTokensRequest)
+        req = await parse_body(request, CountTokensRequest, self._unknown_fields)
         await self._resolve_model(req.model)
         check_supported(req)
-        ids, _ = await self._prompt_inputs(chat_prompt(req))
+        ids, _ = await self._rendered(chat_prompt(req))
         return JSONResponse({"input_tokens": len(ids)})

@@ -138,14 +138,12 @@ def test_forcing_an_unknown_tool_is_a_400_naming_tool_choice():
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0].type"),
         ({"tools": [{"name": "f"}]}, "tools[0].input_schema"),
         (
             {"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]},
             "messages[0].content[0]",
         ),
-        ({"output_config": {"effort": "low"}}, "output_config.effort"),
         ({"output_config": {"format": {"type": "xml"}}}, "output_config.format.type"),
         ({"mcp_servers": [{"name": "x"}]}, "mcp_servers"),
         ({"container": "c1"}, "container"),

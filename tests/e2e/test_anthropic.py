@@ -176,3 +176,70 @@ def test_prompt_errors_before_the_stream_are_plain_responses(http):
     response = http.post("/v1/messages", json=body)
     assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
     assert "context length" in response.json()["error"]["message"]
+
+
+CLAUDE_CODE_HEADERS = {
+    "anthropic-version": "2023-06-01",
+    "anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14,context-management-2025-06-27,"
+    "effort-2025-11-24",
+    "x-app": "cli",
+    "user-agent": "claude-cli/2.1.0 (external, cli)",
+}
+
+
+def claude_code_body(**fields) -> dict:
+    """What Claude Code 2.1.x posts: cache breakpoints, thinking history, a mid-conversation system
+    reminder, adaptive thinking, effort, a clear_thinking edit, metadata and a tool."""
+    cache = {"type": "ephemeral"}
+    read = {"type": "object", "properties": {"file_path": {"type": "string"}}, "required": ["file_path"]}
+    return {
+        "model": MODEL,
+        "max_tokens": 16,
+        "temperature": 0,
+        "system": [{"type": "text", "text": "You are a terse assistant.", "cache_control": cache}],
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "Name three colors.", "cache_control": cache}],
+            },
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "Primary colors.", "signature": ""},
+                    {"type": "text", "text": "Red, green, blue."},
+                ],
+            },
+            {"role": "system", "content": "<system-reminder>Answer in one line.</system-reminder>"},
+            {"role": "user", "content": [{"type": "text", "text": "Two more?", "cache_control": cache}]},
+        ],
+        "tools": [
+            {"name": "Read", "description": "Reads a file.", "input_schema": read, "cache_control": cache}
+        ],
+        "thinking": {"type": "adaptive"},
+        "output_config": {"effort": "high"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "metadata": {"user_id": "user_abc_account_def_session_ghi"},
+        **fields,
+    }
+
+
+def test_a_claude_code_request_is_answered_whole_and_streamed(http):
+    response = http.post("/v1/messages", json=claude_code_body(), headers=CLAUDE_CODE_HEADERS)
+    assert response.status_code == 200, response.text
+    message = response.json()
+    assert message["content"] and message["stop_reason"] in ("end_turn", "max_tokens", "tool_use")
+
+    counted = http.post("/v1/messages/count_tokens", json=claude_code_body(), headers=CLAUDE_CODE_HEADERS)
+    assert counted.json()["input_tokens"] == message["usage"]["input_tokens"]
+    without_reminder = claude_code_body()
+    del without_reminder["messages"][2]
+    fewer = http.post("/v1/messages/count_tokens", json=without_reminder, headers=CLAUDE_CODE_HEADERS)
+    assert fewer.json()["input_tokens"] < message["usage"]["input_tokens"]  # the reminder is rendered
+
+    body = claude_code_body(stream=True)
+    with http.stream("POST", "/v1/messages", json=body, headers=CLAUDE_CODE_HEADERS) as streamed:
+        assert streamed.status_code == 200
+        raw = streamed.read().decode()
+    names = [line.removeprefix("event: ") for line in raw.splitlines() if line.startswith("event: ")]
+    assert names[0] == "message_start" and names[-1] == "message_stop" and "error" not in names
+    assert "content_block_start" in names
