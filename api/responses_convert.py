@@ -1,10 +1,12 @@
 """OpenAI Responses requests -> the neutral inputs: chat-template turns, a `ChatPrompt`, `SamplingParams`.
 
-Owns which Responses fields are honoured: anything parsed but not honoured is a 400 naming the field,
-never dropped. Function calls and their outputs in `input` become chat-template tool calls and tool
-turns; reasoning items become the next assistant turn's `reasoning_content`; `input_image` parts
-become image parts that keep their URL, so a stored conversation replays its images. The reverse
-direction lives in api/responses_outputs.py. No Ray, no MLX.
+Owns which Responses fields are honoured, which are documented no-ops (api/responses_schemas.py says
+which) and which are a 400 naming the field: one whose loss would change what the client relies on.
+Function calls and their outputs in `input` become chat-template tool calls and tool turns (a
+namespaced call under its flattened name, api/responses_tools.py); reasoning items become the next
+assistant turn's `reasoning_content`; `input_image` parts become image parts that keep their URL, so a
+stored conversation replays its images. The reverse direction lives in api/responses_outputs.py.
+No Ray, no MLX.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from engine.messages import SamplingParams
 
 from api import openai_tools
 from api.errors import ApiError, invalid, unsupported
+from api.output_parser import OutputParsing
 from api.responses_schemas import (
     FunctionCallItem,
     FunctionCallOutputItem,
-    FunctionTool,
     InputImage,
     InputText,
     MessageItem,
@@ -28,7 +30,7 @@ from api.responses_schemas import (
     ResponsesRequest,
     UnsupportedPart,
 )
-from api.responses_tools import tool_choice
+from api.responses_tools import check_tools, flat_name, tool_choice
 from api.structured_formats import responses_text_format
 from api.template_messages import (
     ChatPrompt,
@@ -42,33 +44,36 @@ from api.template_messages import (
     tool_result,
 )
 
-_NOT_YET = "not supported yet"
+LOGPROBS = "message.output_text.logprobs"
+# The include values OpenAI defines besides LOGPROBS: each asks for data this server never makes
+# (hosted tool results, encrypted reasoning, echoed input image URLs), so each is a no-op.
+NO_OP_INCLUDES = frozenset(
+    {
+        "reasoning.encrypted_content",
+        "file_search_call.results",
+        "web_search_call.results",
+        "web_search_call.action.sources",
+        "code_interpreter_call.outputs",
+        "computer_call_output.output.image_url",
+        "message.input_image.image_url",
+    }
+)
 
 # --- checks: fields we parse but do not honour -------------------------------------------------
 
 
 def check_supported(req: ResponsesRequest) -> None:
-    _check_tools(req)
+    check_tools(req)
     _check_refused_fields(req)
+    _check_include(req.include or [])
     if req.text is not None:
         responses_text_format(req.text.format)
-        if req.text.verbosity is not None:
-            raise unsupported("text.verbosity", "not implemented by this server")
-    if req.reasoning and any(value is not None for value in req.reasoning.values()):
-        raise unsupported("reasoning", "this server runs no reasoning models")
-    if req.truncation == "auto":
-        raise unsupported("truncation", "only 'disabled' is served: a prompt over the context is a 400")
-    if req.service_tier not in (None, "auto", "default"):
-        raise unsupported("service_tier", "this server has a single tier; use 'auto' or 'default'")
-    if req.top_logprobs:
-        raise unsupported("top_logprobs", "logprobs are not implemented for /v1/responses")
     if isinstance(req.input, list):
         _check_items(req.input)
 
 
 def _check_refused_fields(req: ResponsesRequest) -> None:
     refused = {
-        "include": (bool(req.include), "no extra output data is produced"),
         "background": (bool(req.background), "background responses are not implemented"),
         "prompt": (req.prompt is not None, "stored prompt templates are not implemented"),
         "conversation": (req.conversation is not None, "use previous_response_id instead"),
@@ -79,10 +84,24 @@ def _check_refused_fields(req: ResponsesRequest) -> None:
             raise unsupported(param, detail)
 
 
-def _check_tools(req: ResponsesRequest) -> None:
-    for i, tool in enumerate(req.tools or []):
-        if not isinstance(tool, FunctionTool):
-            raise unsupported(f"tools[{i}]", f"tool type {tool.type!r} is {_NOT_YET}; only 'function' tools")
+def _check_include(values: list[str]) -> None:
+    """Known values are honoured or no-ops; an unknown one may ask for data the client then misses."""
+    for i, value in enumerate(values):
+        if value != LOGPROBS and value not in NO_OP_INCLUDES:
+            known = ", ".join(sorted({LOGPROBS, *NO_OP_INCLUDES}))
+            raise invalid(f"include[{i}]", f"include value {value!r} is unknown; known values: {known}")
+
+
+def wants_logprobs(req: ResponsesRequest) -> bool:
+    return LOGPROBS in (req.include or []) or bool(req.top_logprobs)
+
+
+def check_logprobs(req: ResponsesRequest, parsing: OutputParsing) -> None:
+    """Logprobs go with the one output_text of plain output; parsed output has no per-item split yet."""
+    if wants_logprobs(req) and parsing.active:
+        param = "include" if LOGPROBS in (req.include or []) else "top_logprobs"
+        detail = "logprobs are not supported yet with tools or with a reasoning parser on this server"
+        raise unsupported(param, detail)
 
 
 def _check_items(items: list[Any]) -> None:
@@ -179,7 +198,8 @@ def _split_images(turns: list[Message]) -> tuple[list[Message], tuple[str, ...]]
 
 def _add_call(turns: list[Message], item: FunctionCallItem, param: str) -> None:
     """Consecutive function calls after an assistant turn are that turn's tool calls."""
-    call = tool_call(item.call_id, item.name, _arguments(item.arguments, param))
+    name = flat_name(item.namespace, item.name)
+    call = tool_call(item.call_id, name, _arguments(item.arguments, param))
     if turns and turns[-1]["role"] == "assistant":
         turns[-1].setdefault("tool_calls", []).append(call)
     else:
@@ -204,7 +224,15 @@ def chat_prompt(req: ResponsesRequest, conversation: list[Message]) -> ChatPromp
     """`conversation`: the stored turns of previous_response_id, then this request's input turns."""
     system = [text_turn("system", req.instructions)] if req.instructions else []
     messages, image_urls = _split_images(system + conversation)
-    return ChatPrompt(messages, template_tools(req), image_urls=image_urls)
+    return ChatPrompt(
+        messages, template_tools(req), image_urls=image_urls, template_kwargs=template_kwargs(req)
+    )
+
+
+def template_kwargs(req: ResponsesRequest) -> dict[str, Any]:
+    """`reasoning.effort` as the variable gpt-oss-style templates read, as chat completions passes it."""
+    effort = req.reasoning.effort if req.reasoning is not None else None
+    return {} if effort is None else {"reasoning_effort": effort}
 
 
 def template_tools(req: ResponsesRequest) -> list[Tool] | None:
@@ -226,4 +254,5 @@ def sampling_params(req: ResponsesRequest) -> SamplingParams:
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
         structured=responses_text_format(req.text.format) if req.text is not None else None,
+        logprobs=(req.top_logprobs or 0) if wants_logprobs(req) else None,
     )

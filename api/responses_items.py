@@ -4,7 +4,8 @@ model produced them, with each item's stream events.
 Owns item ids, output indexes and the per-item event sequences: output_item.added, the content part and
 its deltas (output_text / reasoning_text) or function_call_arguments deltas, their .done events and
 output_item.done. The same builder makes a whole response's `output` (its frames unused), so a streamed
-response ends equal to the non-streamed one. Whitespace-only text between items opens no message.
+response ends equal to the non-streamed one. Whitespace-only text between items opens no message. A
+call to a namespace tool's flattened name is reported under its own name and namespace.
 No Ray, no MLX.
 """
 
@@ -28,6 +29,7 @@ from api.responses_outputs import (
     Status,
     final_status,
 )
+from api.responses_tools import ToolNames, flat_name
 from api.template_messages import Message, assistant_turn, tool_call
 from api.tool_parsers.extractor import ArgumentsDelta, CallStart, TextDelta
 
@@ -39,12 +41,20 @@ def _no_frame(name: str, **fields: Any) -> str:
 
 
 class OutputItems:
-    """`parallel` False keeps the first function call only (OpenAI returns at most one then)."""
+    """`parallel` False keeps the first function call only (OpenAI returns at most one then); `names`
+    maps the flattened names of namespace tools back."""
 
-    def __init__(self, meta: ResponseMeta, event: Frame = _no_frame, parallel: bool = True):
+    def __init__(
+        self,
+        meta: ResponseMeta,
+        event: Frame = _no_frame,
+        parallel: bool = True,
+        names: ToolNames | None = None,
+    ):
         self._meta = meta
         self._event = event
         self._parallel = parallel
+        self._names = names or ToolNames()
         self.output: list[OutputItem] = []
         self._open: OutputItem | None = None
         self._pending = ""  # whitespace-only text not yet in any message
@@ -108,8 +118,9 @@ class OutputItems:
     def _call_start(self, start: CallStart) -> list[str]:
         self._pending = ""
         item_id = "fc_" + start.id.removeprefix("call_")
+        namespace, name = self._names.original(start.name)
         item = FunctionCallOut(
-            id=item_id, call_id=start.id, name=start.name, arguments="", status="in_progress"
+            id=item_id, call_id=start.id, name=name, namespace=namespace, arguments="", status="in_progress"
         )
         self._calls[start.index] = item
         return self._add(item)
@@ -163,21 +174,26 @@ class OutputItems:
 
 
 def whole_output(
-    meta: ResponseMeta, state: ChoiceState, parsing: OutputParsing, parallel: bool = True
+    meta: ResponseMeta,
+    state: ChoiceState,
+    parsing: OutputParsing,
+    parallel: bool = True,
+    names: ToolNames | None = None,
 ) -> list[OutputItem]:
     """A finished output's items, read as a whole (no stream)."""
     parser = OutputParser(parsing, stream=False)
-    items = OutputItems(meta, parallel=parallel)
+    items = OutputItems(meta, parallel=parallel, names=names)
     items.frames(parser.feed(state.text) + parser.finish())
     items.close(final_status(state))
     return items.output
 
 
 def assistant_turns(output: list[OutputItem]) -> list[Message]:
-    """The response as the chat-template turn a follow-up (previous_response_id) continues from."""
+    """The response as the chat-template turn a follow-up (previous_response_id) continues from: calls
+    under the names the model saw."""
     text = "".join(item.content[0].text for item in output if isinstance(item, OutputMessage))
     calls = [
-        tool_call(i.call_id, i.name, _arguments(i.arguments))
+        tool_call(i.call_id, flat_name(i.namespace, i.name), _arguments(i.arguments))
         for i in output
         if isinstance(i, FunctionCallOut)
     ]

@@ -1,20 +1,25 @@
 """A `ChoiceState` (the engine's accumulated output) -> the Responses API's `response` object and items.
 
-Owns the response wire shapes of /v1/responses: assistant message items with one output_text part,
-function_call and reasoning items, the status (completed, or incomplete at max_output_tokens), usage, and the request settings every
-response echoes. No Ray, no MLX.
+Owns the response wire shapes of /v1/responses: assistant message items with one output_text part (and
+its logprobs when asked for), function_call items (with `namespace` for a namespace tool's call) and
+reasoning items, the status (completed, or incomplete at max_output_tokens), usage, and the request
+settings every response echoes. No Ray, no MLX.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from engine.messages import TokenLogprob
+
+from pydantic import BaseModel, Field, SerializerFunctionWrapHandler, model_serializer
 
 from api.choice_state import ChoiceState
+from api.openai_outputs import TokenText
 from api.responses_schemas import ResponsesRequest
 
 Status = Literal["in_progress", "completed", "incomplete", "failed"]
@@ -54,6 +59,14 @@ class FunctionCallOut(BaseModel):
     name: str
     arguments: str  # a JSON object's text (cut short when the output was)
     status: Status
+    namespace: str | None = None  # the namespace tool that declared `name`; left out when none did
+
+    @model_serializer(mode="wrap")
+    def _without_empty_namespace(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("namespace") is None:
+            data.pop("namespace", None)
+        return data
 
 
 class ReasoningPart(BaseModel):
@@ -107,7 +120,10 @@ class ResponseObject(BaseModel):
 
 
 def settings(req: ResponsesRequest) -> dict[str, Any]:
-    """The request's settings as every response echoes them, with OpenAI's defaults filled in."""
+    """The request's settings as every response echoes them, with OpenAI's defaults filled in. Hosted
+    tools are echoed in `tools` though none ran: the output holds no call of theirs."""
+    text = req.text
+    reasoning = req.reasoning
     return {
         "instructions": req.instructions,
         "max_output_tokens": req.max_output_tokens,
@@ -119,17 +135,46 @@ def settings(req: ResponsesRequest) -> dict[str, Any]:
         "parallel_tool_calls": True if req.parallel_tool_calls is None else req.parallel_tool_calls,
         "store": req.store is not False,
         "metadata": req.metadata or {},
-        "text": {"format": {"type": "text"}},
-        "truncation": "disabled",
+        "text": {
+            "format": (text.format if text and text.format else None) or {"type": "text"},
+            "verbosity": (text.verbosity if text else None) or "medium",
+        },
+        "truncation": req.truncation or "disabled",
+        "reasoning": {
+            "effort": reasoning.effort if reasoning else None,
+            "summary": (reasoning.summary or reasoning.generate_summary) if reasoning else None,
+        },
+        "service_tier": "default",  # the one tier, whatever was asked for
+        "top_logprobs": req.top_logprobs or 0,
+        "prompt_cache_key": req.prompt_cache_key,
+        "safety_identifier": req.safety_identifier,
     }
+
+
+def logprob_entries(entries: Iterable[TokenLogprob], text: TokenText) -> list[dict[str, Any]]:
+    """Engine logprobs as an output_text part's `logprobs` (and its deltas'): `text` maps token ids."""
+    return [
+        {
+            **_token_logprob(text[entry.token_id], entry.logprob),
+            "top_logprobs": [_token_logprob(text[token_id], lp) for token_id, lp in entry.top],
+        }
+        for entry in entries
+    ]
+
+
+def _token_logprob(token: str, logprob: float) -> dict[str, Any]:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
 
 
 def final_status(state: ChoiceState) -> Status:
     return "incomplete" if state.finish_reason == "length" else "completed"
 
 
-def output_message(meta: ResponseMeta, state: ChoiceState, status: Status) -> OutputMessage:
-    return OutputMessage(id=meta.item_id, status=status, content=[OutputText(text=state.text)])
+def output_message(
+    meta: ResponseMeta, state: ChoiceState, status: Status, logprobs: list[dict[str, Any]] | None = None
+) -> OutputMessage:
+    part = OutputText(text=state.text, logprobs=logprobs or [])
+    return OutputMessage(id=meta.item_id, status=status, content=[part])
 
 
 def usage(state: ChoiceState) -> ResponseUsage:
@@ -154,9 +199,14 @@ def started_response(meta: ResponseMeta, echo: dict[str, Any]) -> ResponseObject
 
 
 def finished_response(
-    meta: ResponseMeta, echo: dict[str, Any], state: ChoiceState, output: list[OutputItem] | None = None
+    meta: ResponseMeta,
+    echo: dict[str, Any],
+    state: ChoiceState,
+    output: list[OutputItem] | None = None,
+    logprobs: list[dict[str, Any]] | None = None,
 ) -> ResponseObject:
-    """`output`: the parsed items (api/responses_items.py); by default the whole text as one message."""
+    """`output`: the parsed items (api/responses_items.py); by default the whole text as one message,
+    with `logprobs` (`logprob_entries`) when asked for."""
     status = final_status(state)
     incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
     return ResponseObject(
@@ -165,7 +215,7 @@ def finished_response(
         status=status,
         incomplete_details=incomplete,
         model=meta.model,
-        output=[output_message(meta, state, status)] if output is None else output,
+        output=[output_message(meta, state, status, logprobs)] if output is None else output,
         usage=usage(state),
         settings=echo,
     )

@@ -1,8 +1,10 @@
 """OpenAI Responses request bodies for POST /v1/responses, as strict pydantic models.
 
-Owns the wire names and types of every request field. Unknown fields are rejected (extra="forbid");
-fields that parse but are not honoured are rejected by api/responses_convert.py, so nothing is dropped
-silently. Input items without a `type` are messages, as OpenAI reads them.
+Owns the wire names and types of every request field. Unknown nested fields are rejected
+(extra="forbid"), unknown top-level fields go to api/body.py's UnknownFields. Each field's description
+says its treatment: honoured, mapped, a documented no-op (it cannot change this server's output), or
+refused by api/responses_convert.py / api/responses_tools.py where ignoring it would change what the
+client relies on. Input items without a `type` are messages, as OpenAI reads them.
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ class FunctionCallItem(_Strict):
     type: Literal["function_call"]
     call_id: str
     name: str
+    namespace: str | None = Field(
+        None, description="A namespace tool's call: the model's turn names it '<namespace>__<name>'."
+    )
     arguments: str = Field(..., description="The call's arguments as a JSON object, in a string.")
     id: str | None = None
     status: str | None = None
@@ -119,10 +124,16 @@ class FunctionTool(_Strict):
     strict: bool | None = Field(
         None, description="Accepted: forced calls follow the schema by grammar, free ones are not checked."
     )
+    defer_loading: bool | None = Field(
+        None, description="Accepted: there is no tool search here, so every tool is offered up front."
+    )
+    output_schema: dict[str, Any] | None = Field(
+        None, description="Accepted and ignored: it describes the outputs the client sends back."
+    )
 
 
 class OtherTool(BaseModel):
-    """A hosted tool (web_search, file_search, mcp, ...): parsed to be refused by name."""
+    """Any other tool type: hosted tools are dropped (api/responses_tools.py), the rest refused by name."""
 
     model_config = ConfigDict(extra="allow")
     type: str
@@ -130,11 +141,29 @@ class OtherTool(BaseModel):
 
 def _tool_type(tool: Any) -> str:
     kind = tool.get("type") if isinstance(tool, dict) else getattr(tool, "type", None)
-    return "function" if kind == "function" else "other"
+    return kind if kind in ("function", "namespace") else "other"
+
+
+MemberTool = Annotated[
+    Annotated[FunctionTool, Tag("function")] | Annotated[OtherTool, Tag("other")],
+    Discriminator(_tool_type),
+]
+
+
+class NamespaceTool(_Strict):
+    """Function tools grouped under a shared name (Codex sends its MCP tools so): the model sees each as
+    '<namespace>__<name>', and its calls come back with `name` and `namespace` as declared."""
+
+    type: Literal["namespace"]
+    name: str = Field(..., min_length=1)
+    description: str | None = Field(None, description="Added to each member's description.")
+    tools: list[MemberTool] = Field(..., min_length=1)
 
 
 Tool = Annotated[
-    Annotated[FunctionTool, Tag("function")] | Annotated[OtherTool, Tag("other")],
+    Annotated[FunctionTool, Tag("function")]
+    | Annotated[NamespaceTool, Tag("namespace")]
+    | Annotated[OtherTool, Tag("other")],
     Discriminator(_tool_type),
 ]
 
@@ -143,10 +172,29 @@ class TextConfig(_Strict):
     format: dict[str, Any] | None = Field(
         None, description="{'type': 'text' | 'json_object' | 'json_schema', 'schema': ...}; JSON is enforced."
     )
-    verbosity: str | None = Field(None, description="Refused unless null.")
+    verbosity: Literal["low", "medium", "high"] | None = Field(
+        None, description="Accepted as a hint and ignored: the model's answers are as long as it makes them."
+    )
+
+
+class ReasoningConfig(_Strict):
+    """With a reasoning parser configured the model's thinking comes back as reasoning items, raw, in
+    `content`; without one there are none."""
+
+    effort: str | None = Field(
+        None,
+        description="The chat template's `reasoning_effort` variable, as chat completions' field: "
+        "templates that read it (gpt-oss style) honour it, the others change nothing.",
+    )
+    summary: str | None = Field(
+        None, description="Accepted and ignored: no summarizer; `summary` stays empty."
+    )
+    generate_summary: str | None = Field(None, description="The deprecated spelling of `summary`.")
 
 
 class ResponsesRequest(_Strict):
+    # Unknown top-level fields reach api/body.py's UnknownFields, which accepts or refuses them.
+    model_config = ConfigDict(extra="allow")
     model: str
     input: str | list[InputItem]
     instructions: str | None = Field(None, description="A system turn first; not carried to follow-ups.")
@@ -171,12 +219,24 @@ class ResponsesRequest(_Strict):
     )
     metadata: dict[str, str] | None = Field(None, description="Echoed in the response.")
     text: TextConfig | None = None
-    reasoning: dict[str, Any] | None = Field(None, description="Refused unless empty.")
-    truncation: Literal["auto", "disabled"] | None = Field(None, description="Only 'disabled' is served.")
-    include: list[str] | None = Field(None, description="Refused unless empty.")
+    reasoning: ReasoningConfig | None = None
+    truncation: Literal["auto", "disabled"] | None = Field(
+        None,
+        description="'auto' is accepted: a prompt that fits is served as with 'disabled'; one that does "
+        "not is still a 400 (no input items are dropped).",
+    )
+    include: list[str] | None = Field(
+        None,
+        description="'message.output_text.logprobs' is honoured; the other values OpenAI defines are "
+        "no-ops (this server makes no such data); an unknown value is a 400.",
+    )
     background: bool | None = Field(None, description="Refused if true.")
-    service_tier: str | None = Field(None, description="Only 'auto' or 'default': a single tier.")
-    top_logprobs: int | None = Field(None, ge=0, le=20, description="Refused above 0.")
+    service_tier: str | None = Field(
+        None, description="Accepted, any value: there is one tier, reported as 'default'."
+    )
+    top_logprobs: int | None = Field(
+        None, ge=0, le=20, description="Alternatives per token in the output text's logprobs."
+    )
     prompt: dict[str, Any] | None = Field(None, description="Refused: no stored prompt templates.")
     conversation: str | dict[str, Any] | None = Field(None, description="Refused: no conversations API.")
     context_management: list[dict[str, Any]] | None = Field(None, description="Refused unless empty.")
@@ -184,3 +244,6 @@ class ResponsesRequest(_Strict):
     prompt_cache_retention: str | None = Field(None, description="Accepted and ignored, as above.")
     safety_identifier: str | None = Field(None, description="Accepted and ignored (no accounting).")
     user: str | None = Field(None, description="Accepted and ignored (no accounting).")
+    client_metadata: dict[str, str] | None = Field(
+        None, description="Accepted and ignored: Codex's session ids, for its own telemetry."
+    )

@@ -1,13 +1,15 @@
 """The OpenAI Responses route of the Ingress: POST /v1/responses.
 
 Owns the order of work per request (parse, resolve the model, check fields, set up tool and reasoning
-parsing, look up the previous response, render the prompt, generate, convert, remember the turn); api/responses_* own the wire format,
-the Scheduler owns generation, deployments/response_store.py the remembered conversations. No MLX.
+parsing, look up the previous response, render the prompt, generate, convert, remember the turn);
+api/responses_* own the wire format, the Scheduler owns generation, the Tokenizer the token texts of
+logprobs, deployments/response_store.py the remembered conversations. No MLX.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from engine.messages import GenerateRequest, ImageInputs
 
@@ -15,28 +17,51 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
 from api import sse
-from api.body import parse_body
+from api.body import UnknownFields, parse_body
+from api.choice_state import ChoiceState
 from api.config import ImageLimitsConfig
+from api.errors import ApiError
+from api.openai_outputs import TokenText, logprob_token_ids
+from api.output_parser import OutputParsing
 from api.responses_convert import (
     chat_prompt,
+    check_logprobs,
     check_supported,
     input_turns,
     previous_not_found,
     sampling_params,
+    wants_logprobs,
 )
 from api.responses_items import assistant_turns, whole_output
-from api.responses_outputs import OutputItem, ResponseMeta, finished_response, settings
+from api.responses_outputs import (
+    OutputItem,
+    ResponseMeta,
+    finished_response,
+    logprob_entries,
+    settings,
+)
 from api.responses_schemas import ResponsesRequest
 from api.responses_stream import response_events
-from api.responses_tools import tool_choice
+from api.responses_tools import ToolNames, tool_choice, tool_names
 from api.template_messages import ChatPrompt, Message
 from deployments import chat_generation
+from deployments.generation import Generation
 from deployments.messages import ModelInfo
 from deployments.output_parsing import OutputParsers
 from deployments.response_store import ResponseStore
 from deployments.watched_handle import WatchedHandle
 
 PROMPT_PARAM = "input"
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """How one request's output is read back: parsed items, namespaced call names, logprobs."""
+
+    parsing: OutputParsing
+    parallel: bool
+    names: ToolNames
+    logprobs: bool
 
 
 class ResponsesRoutes:
@@ -48,8 +73,10 @@ class ResponsesRoutes:
         model_info: Callable[[], Awaitable[ModelInfo]],
         parsers: OutputParsers,
         image_limits: ImageLimitsConfig,
+        unknown_fields: UnknownFields,
         store: ResponseStore | None = None,
     ):
+        self._unknown_fields = unknown_fields
         self._scheduler = scheduler
         self._tokenizer = tokenizer
         self._resolve_model = resolve_model
@@ -59,16 +86,18 @@ class ResponsesRoutes:
         self._store = store or ResponseStore()
 
     async def create(self, request: Request) -> Response:
-        req = await parse_body(request, ResponsesRequest)
+        req = await parse_body(request, ResponsesRequest, self._unknown_fields)
         meta = ResponseMeta.new(await self._resolve_model(req.model))
         check_supported(req)
         params = sampling_params(req)
         choice = tool_choice(req)
         parsing = await self._parsers.for_request(choice, params, "tool_choice")
+        check_logprobs(req, parsing)
+        reading = _Reading(parsing, choice.parallel, tool_names(req), wants_logprobs(req))
         conversation = self._history(req.previous_response_id) + input_turns(req)
         ids, images = await self._prompt_inputs(chat_prompt(req, conversation))
-        generation, state = await chat_generation.start(
-            self._scheduler, GenerateRequest(meta.id, ids, params, images), PROMPT_PARAM
+        generation, state = await _start(
+            self._scheduler, GenerateRequest(meta.id, ids, params, images), req.truncation
         )
 
         def remember(output: list[OutputItem]) -> None:
@@ -76,14 +105,43 @@ class ResponsesRoutes:
                 self._store.put(meta.id, [*conversation, *assistant_turns(output)])
 
         if not req.stream:
-            await chat_generation.collect(generation, state)
-            output = whole_output(meta, state, parsing, choice.parallel) if parsing.active else None
-            response = finished_response(meta, settings(req), state, output)
-            remember(response.output)
-            return JSONResponse(response.dump())
-        batches = generation.batches()
-        frames = response_events(meta, settings(req), state, batches, remember, parsing, choice.parallel)
+            return await self._whole(req, meta, generation, state, reading, remember)
+        frames = response_events(
+            meta,
+            settings(req),
+            state,
+            generation.batches(),
+            remember,
+            reading.parsing,
+            parallel=reading.parallel,
+            names=reading.names,
+            token_texts=self._token_texts if reading.logprobs else None,
+        )
         return sse.EventStreamResponse(frames, on_close=generation.cancel, heartbeat=generation.heartbeat)
+
+    async def _whole(
+        self,
+        req: ResponsesRequest,
+        meta: ResponseMeta,
+        generation: Generation,
+        state: ChoiceState,
+        reading: _Reading,
+        remember: Callable[[list[OutputItem]], None],
+    ) -> Response:
+        await chat_generation.collect(generation, state)
+        output, logprobs = None, None
+        if reading.parsing.active:
+            output = whole_output(meta, state, reading.parsing, reading.parallel, reading.names)
+        elif reading.logprobs and state.logprobs:
+            texts = await self._token_texts(logprob_token_ids(state.logprobs))
+            logprobs = logprob_entries(state.logprobs, texts)
+        response = finished_response(meta, settings(req), state, output, logprobs)
+        remember(response.output)
+        return JSONResponse(response.dump())
+
+    async def _token_texts(self, ids: set[int]) -> TokenText:
+        texts: TokenText = await self._tokenizer.token_texts.remote(sorted(ids)) if ids else {}
+        return texts
 
     async def _prompt_inputs(self, prompt: ChatPrompt) -> tuple[list[int], ImageInputs | None]:
         return await chat_generation.prompt_inputs(
@@ -97,3 +155,15 @@ class ResponsesRoutes:
         if turns is None:
             raise previous_not_found(previous_response_id)
         return turns
+
+
+async def _start(
+    scheduler: WatchedHandle, request: GenerateRequest, truncation: str | None
+) -> tuple[Generation, ChoiceState]:
+    """Starts generation; with truncation 'auto', a prompt over the context says that none was dropped."""
+    try:
+        return await chat_generation.start(scheduler, request, PROMPT_PARAM)
+    except ApiError as exc:
+        if truncation == "auto" and exc.code == "context_length_exceeded":
+            exc.message += " (truncation 'auto' drops no input items on this server: shorten the input)"
+        raise

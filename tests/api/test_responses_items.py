@@ -14,6 +14,7 @@ from api.responses_items import OutputItems, assistant_turns, whole_output
 from api.responses_outputs import ResponseMeta, settings
 from api.responses_schemas import ResponsesRequest
 from api.responses_stream import response_events
+from api.responses_tools import ToolNames
 from api.tool_parsers import make_format
 
 META = ResponseMeta("resp_1", "msg_1", 100, "smol")
@@ -201,3 +202,18 @@ def test_response_events_parsed_stream_ends_with_the_whole_shape():
     assert final["type"] == "response.completed"
     assert shape(final["response"]["output"]) == shape(whole_output(META, finished(text), parsing()))
     assert [item.type for item in remembered[0]] == ["message", "function_call"]
+
+
+def test_a_namespaced_call_comes_back_under_its_own_name_and_namespace():
+    tools = [{"name": "crm__find", "description": None, "parameters": {"type": "object"}}]
+    reading = OutputParsing(make_format("hermes", tools), frozenset({"crm__find"}))
+    call = '<tool_call>\n{"name": "crm__find", "arguments": {"q": "x"}}\n</tool_call>'
+    names = ToolNames({"crm__find": ("crm", "find")})
+    [item] = whole_output(META, finished(call), reading, names=names)
+    assert (item.name, item.namespace) == ("find", "crm") and item.model_dump()["namespace"] == "crm"
+    # The follow-up's turn names the call as the model wrote it.
+    [turn] = assistant_turns([item])
+    assert turn["tool_calls"][0]["function"]["name"] == "crm__find"
+    # A call to a plain tool carries no namespace key at all.
+    [plain] = whole_output(META, finished(CALL), parsing())
+    assert "namespace" not in plain.model_dump()

@@ -1,11 +1,12 @@
-"""Responses objects and stream events: status, usage, echoed settings, event order and numbering."""
+"""Responses objects and stream events: status, usage, echoed settings, event order and numbering,
+logprobs."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 
-from engine.messages import RequestOutput
+from engine.messages import RequestOutput, TokenLogprob
 
 from api.choice_state import ChoiceState
 from api.responses_outputs import ResponseMeta, finished_response, settings
@@ -48,7 +49,7 @@ def test_length_is_incomplete_at_max_output_tokens():
     assert body["status"] == "incomplete" and body["incomplete_details"] == {"reason": "max_output_tokens"}
 
 
-def events(batches: list, finished: list) -> list[tuple[str, dict]]:
+def events(batches: list, finished: list, token_texts=None) -> list[tuple[str, dict]]:
     async def gen():
         for batch in batches:
             if isinstance(batch, Exception):
@@ -57,7 +58,8 @@ def events(batches: list, finished: list) -> list[tuple[str, dict]]:
 
     async def run():
         state = ChoiceState(0, num_prompt_tokens=5)
-        return [f async for f in response_events(META, ECHO, state, gen(), finished.append)]
+        frames = response_events(META, ECHO, state, gen(), finished.append, token_texts=token_texts)
+        return [f async for f in frames]
 
     parsed = []
     for frame in asyncio.run(run()):
@@ -101,3 +103,43 @@ def test_failure_mid_stream_is_response_failed_and_nothing_is_remembered():
     parsed = events([[out("Hel")], RuntimeError("boom")], finished)
     assert parsed[-1][0] == "response.failed" and "boom" in parsed[-1][1]["response"]["error"]["message"]
     assert finished == []
+
+
+TEXTS = {1: "Hel", 2: "lo", 3: "!", 9: "p"}
+
+
+async def token_texts(ids: set[int]) -> dict[int, str]:
+    return {i: TEXTS[i] for i in ids}
+
+
+def lp(token_id: int, logprob: float) -> TokenLogprob:
+    return TokenLogprob(token_id, logprob, [(9, -3.0)])
+
+
+def test_streamed_logprobs_follow_their_text():
+    # Token 2's text is held back by the detokenizer: its logprob goes with the next delta.
+    batches = [
+        [RequestOutput("resp_1", [1], "Hel", logprobs=[lp(1, -0.5)])],
+        [RequestOutput("resp_1", [2], "", logprobs=[lp(2, -0.25)])],
+        [RequestOutput("resp_1", [3], "lo!", "stop", logprobs=[lp(3, -1.0)])],
+    ]
+    finished: list = []
+    parsed = events(batches, finished, token_texts)
+    deltas = [data for name, data in parsed if name == "response.output_text.delta"]
+    assert [[e["token"] for e in d["logprobs"]] for d in deltas] == [["Hel"], ["lo", "!"]]
+    assert deltas[0]["logprobs"][0] == {
+        "token": "Hel",
+        "logprob": -0.5,
+        "bytes": list(b"Hel"),
+        "top_logprobs": [{"token": "p", "logprob": -3.0, "bytes": [112]}],
+    }
+    done = next(data for name, data in parsed if name == "response.output_text.done")
+    final_part = parsed[-1][1]["response"]["output"][0]["content"][0]
+    assert done["logprobs"] == final_part["logprobs"] == [e for d in deltas for e in d["logprobs"]]
+    assert [e["logprob"] for e in finished[0][0].content[0].logprobs] == [-0.5, -0.25, -1.0]
+
+
+def test_no_logprobs_unless_asked_for():
+    batches = [[RequestOutput("resp_1", [1], "Hel", "stop", logprobs=[lp(1, -0.5)])]]
+    parsed = events(batches, [])
+    assert all(data.get("logprobs", []) == [] for name, data in parsed if "output_text" in name)

@@ -99,3 +99,17 @@ def test_unknown_model_is_404(client):
     with pytest.raises(openai.NotFoundError) as err:
         create(client, model="gpt-5")
     assert err.value.code == "model_not_found"
+
+
+def test_logprobs_when_included_whole_and_streamed(client):
+    asked = {"include": ["message.output_text.logprobs"], "top_logprobs": 2}
+    response = create(client, **asked)
+    logprobs = response.output[0].content[0].logprobs
+    assert len(logprobs) == response.usage.output_tokens
+    assert all(len(entry.top_logprobs) == 2 and entry.logprob <= 0 for entry in logprobs)
+    events = list(create(client, stream=True, **asked))
+    streamed = [e for d in events if d.type == "response.output_text.delta" for e in d.logprobs]
+    final = events[-1].response.output[0].content[0].logprobs
+    assert [e.token for e in final] == [e.token for e in logprobs]
+    # A last token with no text of its own (end of sequence) is in no delta, only in the final part.
+    assert [e.token for e in streamed] == [e.token for e in final][: len(streamed)] and streamed

@@ -140,7 +140,8 @@ def test_function_call_output_round_trip_with_previous_response_id(client, strea
 
 
 def test_output_items_sent_back_as_input_are_accepted(client):
-    first = create(client, tools=[WEATHER], tool_choice="required")
+    # One call: with parallel calls allowed, `required` lets the model repeat it.
+    first = create(client, tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
     [call] = function_calls(first)
     items = [{"role": "user", "content": ASK}, *[item.model_dump(exclude_none=True) for item in first.output]]
     items.append({"type": "function_call_output", "call_id": call.call_id, "output": "Sunny"})
@@ -157,3 +158,73 @@ def test_unknown_named_tool_is_400(client):
 def test_tool_choice_none_reads_no_calls(client):
     response = create(client, tool_choice="none", max_output_tokens=16)
     assert not function_calls(response) and response.output[0].type == "message"
+
+
+# What Codex CLI sends with wire_api "responses": its tools grouped in a namespace, a hosted tool it
+# expects OpenAI to run, and fields that cannot change this server's output.
+NAMESPACE = {
+    "type": "namespace",
+    "name": "weather",
+    "description": "Tools in the weather namespace.",
+    "tools": [{**WEATHER, "strict": False}, {**TIME, "defer_loading": True}],
+}
+CODEX = {
+    "model": MODEL,
+    "instructions": "You are a coding agent.",
+    "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": ASK}]}],
+    "tools": [NAMESPACE, {"type": "web_search"}],
+    "tool_choice": "auto",
+    "parallel_tool_calls": False,
+    "reasoning": {"effort": "medium", "summary": "auto"},
+    "store": False,
+    "include": ["reasoning.encrypted_content"],
+    "prompt_cache_key": "thread-1",
+    "client_metadata": {"x-codex-installation-id": "install-1", "session_id": "session-1"},
+    "text": {"verbosity": "medium"},
+    "max_output_tokens": 24,
+    "temperature": 0,
+}
+
+
+def sse_events(http, body: dict) -> list[dict]:
+    with http.stream("POST", "/v1/responses", json=body) as response:
+        assert response.status_code == 200, response.read()
+        return [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+
+
+def test_a_codex_shaped_request_is_served_whole_and_streamed(http):
+    response = http.post("/v1/responses", json=CODEX)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["status"] in ("completed", "incomplete") and body["output"]
+    assert [t["type"] for t in body["tools"]] == ["namespace", "web_search"]  # echoed, web_search not run
+    assert not [item for item in body["output"] if item["type"] == "web_search_call"]
+    assert body["service_tier"] == "default" and body["store"] is False
+    events = sse_events(http, {**CODEX, "stream": True})
+    assert events[0]["type"] == "response.created" and events[-1]["type"] in (
+        "response.completed",
+        "response.incomplete",
+    )
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+
+
+def test_a_forced_namespace_tool_is_called_under_its_own_name_and_sent_back(http):
+    forced = {**CODEX, "tool_choice": {"type": "function", "name": "get_time", "namespace": "weather"}}
+    forced["max_output_tokens"] = 60  # room for the whole call
+    first = http.post("/v1/responses", json={**forced, "store": True}).json()
+    [call] = [item for item in first["output"] if item["type"] == "function_call"]
+    assert (call["name"], call["namespace"]) == ("get_time", "weather")
+    assert json.loads(call["arguments"])["city"] in CITY["enum"]
+    streamed = sse_events(http, {**forced, "stream": True})
+    [done] = [e["item"] for e in streamed if e["type"] == "response.output_item.done"]
+    assert (done["name"], done["namespace"]) == ("get_time", "weather")
+    # The call sent back (namespace and all) renders as the stored turn did: the same prompt.
+    output = {"type": "function_call_output", "call_id": call["call_id"], "output": "09:00"}
+    follow_up = {**CODEX, "max_output_tokens": 4, "store": True}
+    chained = http.post(
+        "/v1/responses", json={**follow_up, "previous_response_id": first["id"], "input": [output]}
+    ).json()
+    resent = http.post(
+        "/v1/responses", json={**follow_up, "input": [*CODEX["input"], *first["output"], output]}
+    ).json()
+    assert chained["usage"]["input_tokens"] == resent["usage"]["input_tokens"]
