@@ -27,6 +27,7 @@ from bench import serve_proc
 REPO = Path(__file__).resolve().parents[2]
 SERVE_CLI = str(Path(sys.executable).with_name("serve"))
 STARTUP_TIMEOUT_S = 300
+_SIGINT_DEFAULT_EXEC = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,9 @@ def served(tmp_path_factory) -> Iterator[serve_proc.ServerProcess]:
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     # RAY_ADDRESS=local: a cluster of its own, never the one conftest.py started in this process.
     env = os.environ | {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_ADDRESS": "local"}
-    cmd = [SERVE_CLI, "run", str(config_path)]
+    # As a terminal starts it: SIGINT at its default. A test run started in the background (`&` in a
+    # script) inherits SIGINT ignored, and Python keeps an ignored SIGINT ignored, so Ctrl-C would be lost.
+    cmd = [sys.executable, "-c", _SIGINT_DEFAULT_EXEC, SERVE_CLI, "run", str(config_path)]
     server = serve_proc.start("serve-run", cmd, env, REPO, folder / "serve.log", port, signal.SIGINT)
     try:
         try:
