@@ -95,7 +95,8 @@ class EngineConfig(BaseModel):
         description=(
             "Decode rows run as one C forward that calls OpenBLAS for the matmuls (engine/runner/cpu/cpu_decode.py), "
             "built once with the system C compiler. None: on for MLX's CPU backend where the model is a plain "
-            "float32 Llama-family model and the build and its load-time check succeed; False: MLX's path."
+            "float32 Llama-family model whose layers all keep plain KV caches (no sliding window) and the build "
+            "and its load-time check succeed; False: MLX's path."
         ),
     )
 

@@ -141,10 +141,9 @@ class LLMEngine:
         try:
             self.structured.prepare(plan.scheduled)  # grammar masks fill while the model runs
             step = self.runner.execute(plan, self._in_flight)
-        except Exception as exc:
-            logger.exception("step failed")
-            outputs += self._read_in_flight()
-            return outputs + self._fail([s.request for s in plan.scheduled], f"step failed: {exc}")
+        except Exception as exc:  # noqa: BLE001  (_fail_step logs the traceback)
+            outputs += self._read_in_flight()  # the previous step's tokens are good: commit them first
+            return outputs + self._fail_step([s.request for s in plan.scheduled], exc)
         sampling = self.scheduler.advance(plan)
         if not step.items:  # prefill chunks that do not reach a prompt's end
             return outputs + self._read_in_flight()
@@ -170,9 +169,8 @@ class LLMEngine:
                 )
                 for r in (s.request for s in step.items)
             ]
-        except Exception as exc:
-            logger.exception("step failed")
-            return self._fail([s.request for s in sampling], f"step failed: {exc}")
+        except Exception as exc:  # noqa: BLE001  (_fail_step logs the traceback)
+            return self._fail_step([s.request for s in sampling], exc)
         try:
             result = self.sampler.sample(step.logits, rows)
         except Exception:
@@ -195,7 +193,7 @@ class LLMEngine:
             try:
                 one = self.sampler.sample(step.logits[i : i + 1], [row])
             except Exception as exc:  # noqa: BLE001  (any failure of one row is that request's alone)
-                outputs += self._fail([item.request], f"sampling failed: {type(exc).__name__}: {exc}")
+                outputs += self._fail_step([item.request], exc, "sampling")
                 continue
             sampled[request_id] = one.token_ids[0]
             if one.logprobs[0] is not None:
@@ -208,9 +206,8 @@ class LLMEngine:
             return []
         try:
             token_ids: list[int] = launched.token_ids.tolist()  # type: ignore[assignment]  # (B,) int32
-        except Exception as exc:
-            logger.exception("step failed")
-            return self._fail([s.request for s in launched.items], f"step failed: {exc}")
+        except Exception as exc:  # noqa: BLE001  (_fail_step logs the traceback)
+            return self._fail_step([s.request for s in launched.items], exc)
         sampled = {s.request.request_id: t for s, t in zip(launched.items, token_ids)}
         return self._commit(launched.items, sampled, {})
 
@@ -260,6 +257,13 @@ class LLMEngine:
                 outputs.append(self.outputs.abort(found, "abort"))
                 self._finish(found)
         return outputs
+
+    def _fail_step(self, requests: list[Request], exc: Exception, stage: str = "step") -> list[RequestOutput]:
+        """Fails `requests` for `exc`, logging its traceback once with their ids: the request's error
+        carries only the message, so the log is where an operator finds where it broke."""
+        ids = ", ".join(r.request_id for r in requests)
+        logger.error("%s failed for request(s) %s", stage, ids, exc_info=exc)
+        return self._fail(requests, f"{stage} failed: {type(exc).__name__}: {exc}")
 
     def _fail(self, requests: list[Request], error: str) -> list[RequestOutput]:
         outputs = []

@@ -83,11 +83,6 @@ class _RouteProbe:
         return None
 
 
-def full_attention(model: nn.Module) -> bool:
-    """True where no layer attends through a sliding window (mlx-lm gives those a RotatingKVCache)."""
-    return not hasattr(model, "make_cache") or all(type(c).__name__ == "KVCache" for c in model.make_cache())
-
-
 def routes_every_layer(model: nn.Module) -> bool:
     """Installs the hook and checks, with one lazy one-token forward, that every layer's attention
     goes through it: a layer that calls MLX's attention itself would read raw pools as context."""

@@ -1,8 +1,9 @@
 """The contract every device fast path signs: a load-time check that says whether it applies to this model
 on this device and, if not, why; and a build that may still refuse once it has probed the model.
 
-Owns only the contract and what a path is chosen for; engine/runner/backends.py owns the choice and the
-list of paths, and each path lives in its device's folder (engine/runner/cpu/, engine/runner/cuda/).
+Owns only the contract, what a path is chosen for and the check every path shares (`cache_refusal`);
+engine/runner/backends.py owns the choice and the list of paths, and each path lives in its device's
+folder (engine/runner/cpu/, engine/runner/cuda/).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from engine.runner.kv_storage import KVStorage
 
 import mlx.core as mx
 from mlx import nn
+from mlx_lm.models.cache import KVCache
 
 Head = Callable[[mx.array], mx.array]  # hidden states -> logits (engine/runner/model_head.py)
 
@@ -48,3 +50,21 @@ class FastPath(Protocol):
 
     def build(self, target: Target, picked: Mapping[str, str]) -> tuple[Any, str | None]:
         """(the path, None), or (None, why it refused after all); `picked`: role -> name chosen so far."""
+
+
+def cache_refusal(model: nn.Module, handles: tuple[type, ...] = (KVCache,)) -> str | None:
+    """Why a fast path that models only the cache kinds it `handles` (by default plain causal attention
+    over every past token) must step aside for `model`, or None.
+
+    Asks the model's own caches, not attribute names (each architecture marks a windowed layer its own
+    way: `use_sliding`, `layer_types`, `is_local`): mlx-lm gives a layer a cache other than a plain KVCache
+    (a RotatingKVCache for a sliding window or attention sinks, ArraysCache for recurrent state) exactly
+    where that layer keeps something else than every past token's K/V. A model without `make_cache` gets
+    plain KVCaches from mlx-lm."""
+    make_cache = getattr(model, "make_cache", None)
+    if make_cache is None:
+        return None
+    kinds = sorted({type(c).__name__ for c in make_cache() if type(c) not in handles})
+    if not kinds:
+        return None
+    return f"the model's caches hold {', '.join(kinds)}: a sliding window or other state this path does not model"

@@ -15,10 +15,11 @@ from types import ModuleType
 
 from engine.runner import attention_hook
 from engine.runner.cpu import cpu_math
-from engine.runner.fast_path import Target
+from engine.runner.fast_path import Target, cache_refusal
 
 from mlx import nn
 from mlx_lm.models import activations
+from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 
 class CpuMath:
@@ -31,7 +32,10 @@ class CpuMath:
     devices: tuple[str, ...] = ("cpu",)
 
     def applies(self, target: Target) -> str | None:
-        return None  # MLX operations: they run on any device, and pay off where MLX's exp is scalar
+        # MLX operations: they run on any device, and pay off where MLX's exp is scalar. Windows are
+        # fine: its attention takes the mask each layer asks its cache for, windowed or not (checked
+        # against mlx-lm in tests/engine/test_windowed_models.py); other cache kinds are not checked.
+        return cache_refusal(target.model, handles=(KVCache, RotatingKVCache))
 
     def build(self, target: Target, picked: Mapping[str, str]) -> tuple[object | None, str | None]:
         attention_hook.install(target.model)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from engine.platform.blas import blas_state
 from engine.platform.paths import cache_dir
-from engine.runner.fast_path import Target
+from engine.runner.fast_path import Target, cache_refusal
 from engine.runner.kv_storage import KVStorage
 
 import mlx.core as mx
@@ -106,7 +106,8 @@ class CForwardDecode:
             return "needs MLX's CPU backend"
         if blas_state().path is None:
             return "no BLAS library is loaded"
-        return _llama_refusal(target.model, target.storage)
+        # The kernel attends over every past token: a windowed layer (mistral's) would read too far back.
+        return cache_refusal(target.model) or _llama_refusal(target.model, target.storage)
 
     def build(self, target: Target, picked: Mapping[str, str]) -> tuple[CpuDecode | None, str | None]:
         model, storage = target.model, target.storage

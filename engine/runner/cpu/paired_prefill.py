@@ -10,8 +10,9 @@ The layers must alternate: MLX's CPU backend lets the host run only about ten op
 the device, so a whole forward launched on one stream holds the other stream back until it ends.
 
 Owns the two streams and the layer loop. Used only for backbones that are embed -> layers -> norm
-under one causal mask, checked at load against the backbone's own call. Never touches block tables
-or the pools: the caches it is given hold their K/V back until both forwards are done.
+under one causal mask (every layer's cache in the model's make_cache a plain KVCache), checked at load
+against the backbone's own call. Never touches block tables or the pools: the caches it is given hold
+their K/V back until both forwards are done.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 
 from engine.platform.blas import blas_thread_setter
-from engine.runner.fast_path import Target
+from engine.runner.fast_path import Target, cache_refusal
 
 import mlx.core as mx
 from mlx import nn
@@ -91,10 +92,11 @@ class PairedPrefillPath:
         backbone = getattr(target.model, "model", None)
         if not all(isinstance(getattr(backbone, n, None), nn.Module) for n in ("embed_tokens", "norm")):
             return "the backbone is not embed -> layers -> norm"
-        layers = getattr(backbone, "layers", None)
-        if not layers or any(getattr(layer, "use_sliding", False) for layer in layers):
-            return "a layer attends through a sliding window"
-        return None
+        if not getattr(backbone, "layers", None):
+            return "the backbone has no layers"
+        # One causal mask serves every layer here, and the load probe is shorter than any window: only
+        # the model's own caches tell that some layer attends through a window.
+        return cache_refusal(target.model)
 
     def build(self, target: Target, picked: Mapping[str, str]) -> tuple[PairedPrefill | None, str | None]:
         setter = blas_thread_setter()

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from engine.runner import attention_hook
 from engine.runner.cpu import cpu_math
-from engine.runner.fast_path import Target
+from engine.runner.fast_path import Target, cache_refusal
 
 import mlx.core as mx
 import numpy as np
@@ -83,9 +83,7 @@ class InPlaceWindows:
     devices: tuple[str, ...] = ("cpu",)
 
     def applies(self, target: Target) -> str | None:
-        if not attention_hook.full_attention(target.model):
-            return "a layer attends through a sliding window"
-        return None
+        return cache_refusal(target.model)  # its windows cover every past token of a row
 
     def build(self, target: Target, picked: Mapping[str, str]) -> tuple[WindowedAttention | None, str | None]:
         # The hook must reach every layer: a layer that calls MLX's attention itself would read raw pools.

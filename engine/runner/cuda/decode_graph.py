@@ -22,7 +22,7 @@ from engine.runner import attention_hook
 from engine.runner.cuda import cuda_attention
 from engine.runner.cuda.fused_mlp import fuse_gate_up
 from engine.runner.cuda.small_matmul import matmul_t, use_small_rows_kernel
-from engine.runner.fast_path import Target
+from engine.runner.fast_path import Target, cache_refusal
 from engine.runner.kv_storage import KVStorage
 
 import mlx.core as mx
@@ -48,9 +48,7 @@ class CudaGraphDecode:
         head_dims = [(s.k_head_dim, s.v_head_dim) for s in storage.shapes]
         if not all(k == v and cuda_attention.supports(k, storage.keys[0].dtype) for k, v in head_dims):
             return "the kernel needs equal K and V head dims, a multiple of 32 up to 256"
-        if not attention_hook.full_attention(target.model):
-            return "a layer attends through a sliding window, which the kernel does not mask"
-        return None
+        return cache_refusal(target.model)  # the kernel masks causally over every past token
 
     def build(self, target: Target, picked: Mapping[str, str]) -> tuple[DecodeGraph | None, str | None]:
         if not attention_hook.install(target.model):
