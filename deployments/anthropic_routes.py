@@ -28,6 +28,7 @@ from api.anthropic_stream import message_events
 from api.body import UnknownFields, parse_body
 from api.config import ImageLimitsConfig
 from api.errors import ApiError
+from api.max_tokens import fit_max_tokens
 from api.template_messages import ChatPrompt
 from deployments import chat_generation
 from deployments.messages import ModelInfo
@@ -64,9 +65,8 @@ class AnthropicRoutes:
         ids, images = await self._rendered(chat_prompt(req))
         # Anthropic's max_tokens is a ceiling, and Claude Code sends its own model's (32000) whatever
         # the served context: cap it to the room the prompt leaves; a prompt with no room still fails.
-        room = (await self._model_info()).max_model_len - len(ids)
-        if room > 0 and params.max_tokens is not None and params.max_tokens > room:
-            params.max_tokens = room
+        max_model_len = (await self._model_info()).max_model_len
+        params.max_tokens = fit_max_tokens(params.max_tokens, len(ids), max_model_len, "clamp")
         generation, state = await chat_generation.start(
             self._scheduler, GenerateRequest(meta.id, ids, params, images), PROMPT_PARAM
         )

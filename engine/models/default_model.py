@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from engine.config import DEFAULT_MODEL
 from engine.models import tiny_model
-from engine.platform.paths import build_lock, cache_dir
+from engine.platform.paths import build_once, cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -53,13 +50,7 @@ def ensure_default_model(dtype: str) -> Path:
     if dtype not in _DTYPES:
         raise ValueError(f"dtype {dtype!r} is not one of {_DTYPES}; resolve 'auto' before building")
     target = default_model_dir(dtype)
-    if target.is_dir():
-        return target
-    with build_lock(target):
-        if target.is_dir():  # another process built it while we waited
-            return target
-        _build(bundled_gguf_path(), target, dtype)
-    return target
+    return build_once(target, lambda folder: _build(bundled_gguf_path(), folder, target.name, dtype))
 
 
 def bundled_gguf_path() -> Path:
@@ -80,23 +71,9 @@ def bundled_gguf_path() -> Path:
     )
 
 
-def _build(gguf_path: Path, target: Path, dtype: str) -> None:
+def _build(gguf_path: Path, folder: Path, name: str, dtype: str) -> None:
     # Imported here: only a first start needs the converter (and through it mlx and tokenizers).
     from engine.models.gguf_convert import convert_gguf
 
-    _remove_stale_tmp_dirs(target)
-    tmp_dir = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp", dir=target.parent))
-    try:
-        logger.info("Building the default model from %s into %s", gguf_path, target)
-        convert_gguf(gguf_path, tmp_dir, dtype, desc=f"Building {target.name}")
-        os.chmod(tmp_dir, 0o755)  # mkdtemp makes it 0700; keep the usual directory mode
-        tmp_dir.rename(target)
-    except BaseException:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-        raise
-
-
-def _remove_stale_tmp_dirs(target: Path) -> None:
-    # Only called under the build lock, so any temporary directory left is from a crashed build.
-    for stale in target.parent.glob(f".{target.name}.tmp*"):
-        shutil.rmtree(stale, ignore_errors=True)
+    logger.info("Building the default model %s from %s", name, gguf_path)
+    convert_gguf(gguf_path, folder, dtype, desc=f"Building {name}")

@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
-from engine.platform.paths import build_lock, cache_dir
+from engine.platform.paths import build_once, cache_dir
 
 NAME = "testing:tiny-64k"
 MAX_MODEL_LEN = 65536
@@ -42,20 +40,7 @@ def model_dir(seed: int = 0) -> Path:
 def ensure_tiny_model(tokenizer_source: Path, seed: int = 0) -> Path:
     """The built directory, with `tokenizer_source`'s tokenizer (the bundled model's); built once, to a
     temporary folder renamed into place, under a file lock."""
-    target = model_dir(seed)
-    if target.is_dir():
-        return target
-    with build_lock(target):
-        if not target.is_dir():
-            tmp_dir = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp", dir=target.parent))
-            try:
-                _build(tmp_dir, tokenizer_source, seed)
-                os.chmod(tmp_dir, 0o755)
-                tmp_dir.rename(target)
-            except BaseException:
-                shutil.rmtree(tmp_dir, ignore_errors=True)
-                raise
-    return target
+    return build_once(model_dir(seed), lambda folder: _build(folder, tokenizer_source, seed))
 
 
 def config(vocab_size: int, eos_token_id: int) -> dict:

@@ -1,11 +1,13 @@
-"""Per-user cache locations for built artefacts (patched BLAS, converted default model), and the lock
-that makes concurrent first starts build each of them once."""
+"""Per-user cache locations for built artefacts (patched BLAS, converted default model, test models),
+and how a folder of them is built once: under a lock, into a temporary folder renamed into place."""
 
 from __future__ import annotations
 
 import fcntl
 import os
-from collections.abc import Iterator
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -30,3 +32,25 @@ def build_lock(target: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock_file, fcntl.LOCK_UN)
+
+
+def build_once(target: Path, build: Callable[[Path], None]) -> Path:
+    """`target`, built by `build(folder)` if no complete build exists. The build writes a private
+    temporary folder renamed into place, so `target` either does not exist or is complete; the lock
+    makes concurrent first starts build only once."""
+    if target.is_dir():
+        return target
+    with build_lock(target):
+        if target.is_dir():  # another process built it while we waited
+            return target
+        for stale in target.parent.glob(f".{target.name}.tmp*"):  # left by a crashed build
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp_dir = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp", dir=target.parent))
+        try:
+            build(tmp_dir)
+            os.chmod(tmp_dir, 0o755)  # mkdtemp makes it 0700; keep the usual directory mode
+            tmp_dir.rename(target)
+        except BaseException:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+            raise
+    return target
