@@ -138,7 +138,8 @@ class AppConfig(_Strict):
     tool_call_parser: str | None = Field(
         "auto",
         description="Tool-call format read from the output (docs/tools.md): 'auto' (from the chat "
-        "template), a name in api/tool_parsers (hermes, qwen3_coder, llama3_json, mistral, deepseek), "
+        "template), a name in api/tool_parsers (hermes, qwen3_coder, llama3_json, mistral, deepseek, glm45, "
+        "kimi_k2, minimax_m2, nemotron, lfm2, or an alias), "
         "or None to refuse requests with tools.",
     )
     reasoning_parser: str | None = Field(

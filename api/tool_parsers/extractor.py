@@ -58,6 +58,8 @@ class ToolCallExtractor:
     ):
         self._fmt = fmt
         self._openers: tuple[str, ...] = getattr(fmt, "starts", (fmt.start,))
+        # Formats whose end tag alone ends a call's last argument (glm45) read a cut region only as cut.
+        self._cut_by_end: bool = getattr(fmt, "cut_by_end", False)
         self._allowed = allowed
         self._id_prefix = id_prefix
         self._stream = stream
@@ -180,7 +182,7 @@ class ToolCallExtractor:
 
     def _finish_region(self, out: list[ToolEvent], text: str, closing: str) -> None:
         """`closing` is "" when the output ended inside the region (or the format has no end tag)."""
-        calls = self._read(text, final=True)
+        calls = None if self._cut_by_end and not closing else self._read(text, final=True)
         if calls is None and not closing:
             calls = self._read_cut(text)
         if len(self.calls) == self._first:  # nothing of the region streamed yet

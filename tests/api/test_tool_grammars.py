@@ -18,10 +18,14 @@ llguidance = pytest.importorskip("llguidance")
 
 WEATHER = '{"city": "Paris", "unit": "celsius"}'
 TIME = '{"timezone": "UTC"}'
-DS = "<｜tool▁calls▁begin｜>{}<｜tool▁calls▁end｜>"
 DS_CALL = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>{}\n```json\n{}\n```<｜tool▁call▁end｜>"
 QC = "<tool_call>\n<function={}>\n{}</function>\n</tool_call>"
 QC_WEATHER = "<parameter=city>\nParis\n</parameter>\n<parameter=unit>\ncelsius\n</parameter>\n"
+GLM = "<tool_call>{}\n{}</tool_call>"
+GLM_PAIR = "<arg_key>{}</arg_key>\n<arg_value>{}</arg_value>\n"
+KIMI_CALL = "<|tool_call_begin|>functions.{}:0<|tool_call_argument_begin|>{}<|tool_call_end|>"
+MM_CALL = '<invoke name="{}">\n{}</invoke>\n'
+MM_PARAMETER = '<parameter name="{}">{}</parameter>\n'
 CALLS = {  # parser -> (weather call, time call, joiner of parallel calls)
     "hermes": (
         f'<tool_call>\n{{"name": "get_weather", "arguments": {WEATHER}}}\n</tool_call>',
@@ -40,11 +44,37 @@ CALLS = {  # parser -> (weather call, time call, joiner of parallel calls)
     ),
     "mistral": (f"[TOOL_CALLS]get_weather[ARGS]{WEATHER}", f"[TOOL_CALLS]get_time[ARGS]{TIME}", ""),
     "deepseek": (DS_CALL.format("get_weather", WEATHER), DS_CALL.format("get_time", TIME), ""),
+    "glm45": (
+        GLM.format("get_weather", GLM_PAIR.format("city", "Paris") + GLM_PAIR.format("unit", "celsius")),
+        GLM.format("get_time", GLM_PAIR.format("timezone", "UTC")),
+        "\n",
+    ),
+    "kimi_k2": (KIMI_CALL.format("get_weather", WEATHER), KIMI_CALL.format("get_time", TIME), ""),
+    "minimax_m2": (
+        MM_CALL.format(
+            "get_weather", MM_PARAMETER.format("city", "Paris") + MM_PARAMETER.format("unit", "celsius")
+        ),
+        MM_CALL.format("get_time", MM_PARAMETER.format("timezone", "UTC")),
+        "",
+    ),
+    "nemotron": (
+        f'{{"name": "get_weather", "arguments": {WEATHER}}}',
+        f'{{"name": "get_time", "arguments": {TIME}}}',
+        ", ",
+    ),
+    "lfm2": ('get_weather(city="Paris", unit="celsius")', 'get_time(timezone="UTC")', ", "),
+}
+SECTIONS = {  # parser -> the tags around all of an output's calls
+    "deepseek": "<｜tool▁calls▁begin｜>{}<｜tool▁calls▁end｜>",
+    "kimi_k2": "<|tool_calls_section_begin|>{}<|tool_calls_section_end|>",
+    "minimax_m2": "<minimax:tool_call>\n{}</minimax:tool_call>",
+    "nemotron": "<TOOLCALL>[{}]</TOOLCALL>",
+    "lfm2": "<|tool_call_start|>[{}]<|tool_call_end|>",
 }
 
 
 def _whole(parser: str, calls: str) -> str:
-    return DS.format(calls) if parser == "deepseek" else calls
+    return SECTIONS.get(parser, "{}").format(calls)
 
 
 @pytest.fixture(scope="module")

@@ -100,6 +100,59 @@ GOLDENS = [
         "I will call two tools.",
         [("get_weather", WEATHER), ("get_time", TIME)],
     ),
+    Golden(
+        "glm45",
+        "Let me check both.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+        "<arg_key>unit</arg_key>\n<arg_value>celsius</arg_value>\n</tool_call>\n"
+        "<tool_call>get_time\n<arg_key>timezone</arg_key>\n<arg_value>Europe/Paris</arg_value>\n</tool_call>\nDone.",
+        "Let me check both.\n\n\nDone.",  # after content, the newline between calls is content too
+        [("get_weather", WEATHER), ("get_time", TIME)],
+    ),
+    Golden(  # GLM-4.7 writes no newlines
+        "glm45",
+        "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
+        "<arg_key>unit</arg_key><arg_value>celsius</arg_value></tool_call>",
+        "",
+        [("get_weather", WEATHER)],
+    ),
+    Golden(
+        "kimi_k2",
+        "Let me check both.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+        '<|tool_call_argument_begin|>{"city": "Paris", "unit": "celsius"}<|tool_call_end|>'
+        "<|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>"
+        '{"timezone": "Europe/Paris"}<|tool_call_end|><|tool_calls_section_end|> Done.',
+        "Let me check both. Done.",
+        [("get_weather", WEATHER), ("get_time", TIME)],
+    ),
+    Golden(
+        "minimax_m2",
+        'Let me check both.\n<minimax:tool_call>\n<invoke name="get_weather">\n'
+        '<parameter name="city">Paris</parameter>\n<parameter name="unit">celsius</parameter>\n</invoke>\n'
+        '<invoke name="get_time">\n<parameter name="timezone">Europe/Paris</parameter>\n</invoke>\n'
+        "</minimax:tool_call>\nDone.",
+        "Let me check both.\n\nDone.",
+        [("get_weather", WEATHER), ("get_time", TIME)],
+    ),
+    Golden(
+        "nemotron",
+        'Let me check both.\n<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}, '
+        '{"name": "get_time", "arguments": {"timezone": "Europe/Paris"}}]</TOOLCALL>\nDone.',
+        "Let me check both.\n\nDone.",
+        [("get_weather", WEATHER), ("get_time", TIME)],
+    ),
+    Golden(
+        "lfm2",
+        'Let me check both.<|tool_call_start|>[get_weather(city="Paris", unit="celsius"), '
+        "get_time(timezone='Europe/Paris')]<|tool_call_end|>Done.",
+        "Let me check both.Done.",
+        [("get_weather", WEATHER), ("get_time", TIME)],
+    ),
+    Golden(
+        "lfm2",
+        '<|tool_call_start|>[get_weather(city="Paris (\\"centre\\"), 1er", unit="celsius")]<|tool_call_end|>',
+        "",
+        [("get_weather", {"city": 'Paris ("centre"), 1er', "unit": "celsius"})],
+    ),
 ]
 
 TOOLS = [
