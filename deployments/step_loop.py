@@ -142,7 +142,10 @@ class StepLoop:
             try:
                 outputs = await loop.run_in_executor(self._executor, self._engine.step)
             except Exception:
-                logger.exception("engine step failed; failing the requests in flight")
+                # A failure the engine could not pin on some requests (it fails those itself, with its
+                # own log line): every request in flight fails, and the log names them.
+                ids = ", ".join(sorted(self._queues)) or "none"
+                logger.exception("engine step failed; failing the requests in flight: %s", ids)
                 self._fail_all("engine step failed; see the Scheduler replica's log")
                 await asyncio.sleep(STEP_FAILURE_BACKOFF_S)
                 continue

@@ -35,6 +35,12 @@ class EngineConfig(BaseModel):
     kv_cache_memory_fraction: float = Field(
         0.05, gt=0, le=0.9, description="KV cache budget as a fraction of the machine's memory."
     )
+    num_kv_blocks: int | None = Field(
+        None,
+        ge=1,
+        description="KV blocks to allocate, overriding the memory budget (vLLM's num_gpu_blocks_override): "
+        "for capacity experiments and tests that need the cache to run out.",
+    )
     max_model_len: int | None = Field(
         None, gt=0, description="Longest prompt plus output; defaults to the model's context length."
     )

@@ -11,6 +11,7 @@ import logging
 import os
 import queue
 import time
+from dataclasses import replace
 
 from engine.config import EngineConfig
 from engine.core.block_pool import BlockPool
@@ -18,6 +19,7 @@ from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.parallel_sampling import ParallelSampling, check_n, sample_id, sample_params
 from engine.core.request import Request
 from engine.core.scheduler import ScheduledRequest, Scheduler
+from engine.core.state_slots import StateSlots
 from engine.core.vision_state import vision_state
 from engine.engine_stats import collect_stats
 from engine.errors import ContextLengthExceededError, InvalidRequestError, QueueFullError
@@ -28,10 +30,13 @@ from engine.output.sampler import Sampler, SamplingRow, samples_on_device, valid
 from engine.output.structured_output import StructuredOutputManager
 from engine.request_metrics import RequestMetrics
 from engine.runner import backends
+from engine.runner.batch_probe import probe_batching
 from engine.runner.fast_path import Target
 from engine.runner.kv_storage import KVStorage
+from engine.runner.layer_caches import LayerCaches
 from engine.runner.model_head import split_head
-from engine.runner.model_runner import DeviceTokens, ModelRunner, StepLogits, probe_layer_shapes
+from engine.runner.model_runner import DeviceTokens, ModelRunner, StepLogits
+from engine.runner.state_storage import StateStorage
 
 import mlx.core as mx
 
@@ -47,16 +52,32 @@ class LLMEngine:
         self.eos_token_ids = set(loaded.tokenizer.eos_token_ids)
         self.image_token_id = loaded.image_token_id  # None: a text-only model
         self.vocab_size = _vocab_size(loaded)
-        shapes = probe_layer_shapes(loaded.model)
-        num_blocks = _num_blocks(config, shapes, loaded.dtype)
+        layers = LayerCaches(loaded.model)
+        shapes, state_shapes = layers.probe_shapes()
+        probe_batching(layers, shapes, state_shapes, loaded.dtype, config.block_size)
+        # Recurrent layers keep one state per request (a slot per running request), and a cached
+        # prefix's blocks would not bring that state back: such a model's prefix cache is off.
+        self.states = StateStorage(state_shapes, config.max_num_seqs) if layers.has_state else None
+        state_bytes = self.states.nbytes if self.states is not None else 0
+        self.prefix_caching_off = _prefix_caching_off(config, layers)
+        num_blocks = _num_blocks(config, shapes, loaded.dtype, state_bytes, loaded.context_len)
         self.max_model_len = _max_model_len(config, loaded.context_len, num_blocks)
         self.storage = KVStorage(shapes, num_blocks, config.block_size, loaded.dtype)
         self.pool = BlockPool(num_blocks)
-        self.kv = KVCacheManager(self.pool, config.block_size, config.enable_prefix_caching)
+        slots = StateSlots(config.max_num_seqs) if self.states is not None else None
+        prefix_caching = config.enable_prefix_caching and self.prefix_caching_off is None
+        self.kv = KVCacheManager(self.pool, config.block_size, prefix_caching, slots)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         target = Target(loaded.model, self.storage, loaded.device, split_head(loaded.model))
-        self.runner = ModelRunner(backends.choose(target, config))
-        self.compute = self.runner.compute_paths()
+        self.runner = ModelRunner(backends.choose(target, config), layers, self.states)
+        self.compute = replace(
+            self.runner.compute_paths(),
+            cache_layers=layers.kinds_summary,
+            decode_rows="batched" if layers.batched_decode else f"one per forward: {layers.unbatched_reason}",
+            prefix_cache="on" if self.prefix_caching_off is None else f"off: {self.prefix_caching_off}",
+            state_bytes_per_seq=StateStorage.bytes_per_slot(state_shapes),
+            num_state_slots=self.states.num_slots if self.states is not None else 0,
+        )
         logger.info("%s compute paths: %s", self.model_name, self.compute)
         self.sampler = Sampler(config.seed)
         self.structured = StructuredOutputManager(loaded.tokenizer)
@@ -65,7 +86,7 @@ class LLMEngine:
         self._new: queue.SimpleQueue[Request] = queue.SimpleQueue()
         self._aborts: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._requests: dict[str, Request] = {}
-        self.parallel = ParallelSampling(hold_back=config.enable_prefix_caching)  # n > 1 requests
+        self.parallel = ParallelSampling(hold_back=prefix_caching)  # n > 1 requests
         self._in_flight: DeviceTokens | None = None  # a launched step whose tokens are not read yet
         self.async_scheduling = _resolve_async_scheduling(config.async_scheduling, loaded.device)
         self.num_steps = 0
@@ -313,10 +334,41 @@ def _total_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def _num_blocks(config: EngineConfig, shapes, dtype: mx.Dtype) -> int:
+def _prefix_caching_off(config: EngineConfig, layers: LayerCaches) -> str | None:
+    """Why the prefix cache is off for this model, or None."""
+    if not config.enable_prefix_caching:
+        return "engine.enable_prefix_caching is false"
+    if layers.has_state:
+        return (
+            "the model has recurrent layers: their state after a prefix is not in its KV blocks, "
+            "and snapshots per block are not kept"
+        )
+    return None
+
+
+# A model with no attention layer keeps no KV: its blocks only count tokens, up to this many per sequence
+# where neither the config nor the model sets a context length.
+_STATE_ONLY_CONTEXT_LEN = 32768
+
+
+def _num_blocks(
+    config: EngineConfig, shapes, dtype: mx.Dtype, state_bytes: int = 0, context_len: int | None = None
+) -> int:
+    """KV blocks that fit the budget once the state slots (`state_bytes`) are taken out of it."""
     budget = config.kv_cache_memory_bytes or int(config.kv_cache_memory_fraction * _total_memory_bytes())
+    if state_bytes >= budget:
+        raise ValueError(
+            f"the KV budget of {budget} bytes cannot hold the recurrent state of max_num_seqs "
+            f"{config.max_num_seqs} requests ({state_bytes} bytes); raise kv_cache_memory_bytes or "
+            "lower max_num_seqs"
+        )
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    if not shapes:
+        max_len = config.max_model_len or context_len or _STATE_ONLY_CONTEXT_LEN
+        return config.max_num_seqs * -(-max_len // config.block_size)
     per_block = KVStorage.bytes_per_block(shapes, config.block_size, dtype)
-    num_blocks = budget // per_block
+    num_blocks = (budget - state_bytes) // per_block
     if num_blocks < 1:
         raise ValueError(
             f"the KV budget of {budget} bytes holds no {per_block}-byte block; raise kv_cache_memory_bytes"

@@ -153,6 +153,12 @@ class ComputePaths:
     prefill: str  # "paired_prefill" (two chunks on two CPU streams) or "one_at_a_time"
     kv_write: str  # who writes new K/V into the pools, for decode rows and prefill chunks
     not_taken: dict[str, str] = field(default_factory=dict)  # fast path -> why it does not serve
+    # The model's caches (engine/runner/layer_caches.py): what each layer keeps per request.
+    cache_layers: str = ""  # e.g. "kv x2, state x2", "kv x3, window 8 x1"
+    decode_rows: str = "batched"  # or "one per forward: <why the model cannot take a batch>"
+    prefix_cache: str = "on"  # or "off: <why>"
+    state_bytes_per_seq: int = 0  # recurrent/SSM/conv state each running request holds, in the KV budget
+    num_state_slots: int = 0  # requests that can hold such state at once (max_num_seqs)
 
 
 @dataclass

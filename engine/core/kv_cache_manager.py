@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from engine.core.block_pool import BlockPool
 from engine.core.request import Request
+from engine.core.state_slots import StateSlots
 
 BlockHash = bytes  # 32 bytes
 _ROOT = bytes(32)
@@ -53,8 +54,14 @@ def _block_extra(request: Request, index: int, block_size: int) -> bytes | None:
 
 
 class KVCacheManager:
-    def __init__(self, pool: BlockPool, block_size: int, enable_prefix_caching: bool):
+    def __init__(
+        self, pool: BlockPool, block_size: int, enable_prefix_caching: bool, slots: StateSlots | None = None
+    ):
+        """`slots`: the state slots of a model with recurrent layers; a request holds one while it has
+        blocks. Such a model's prefix cache is off (engine/llm_engine.py says why)."""
+        assert slots is None or not enable_prefix_caching, "cached blocks would not restore recurrent state"
         self.pool = pool
+        self.slots = slots
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.prefix_queries = 0  # tokens looked up
@@ -84,12 +91,16 @@ class KVCacheManager:
         return match
 
     def can_allocate(self, request: Request, num_new_tokens: int, match: PrefixMatch = NO_MATCH) -> bool:
+        if self.slots is not None and not self.slots.can_allocate(request):
+            return False
         return self._num_needed(request, num_new_tokens, match) <= self.pool.num_free
 
     def allocate(self, request: Request, num_new_tokens: int, match: PrefixMatch = NO_MATCH) -> bool:
         """Gives the request blocks for `num_new_tokens` beyond its computed (or matched) tokens."""
         if not self.can_allocate(request, num_new_tokens, match):
             return False
+        if self.slots is not None:
+            self.slots.allocate(request)
         if match.num_blocks:
             assert not request.block_ids, "a prefix match applies only to a request with no blocks"
             self.pool.touch(match.block_ids)
@@ -128,5 +139,7 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         """Unlocks all the request's blocks, tail first so its prefix outlives its suffix in the cache."""
         self.pool.free(list(reversed(request.block_ids)))
+        if self.slots is not None:
+            self.slots.free(request)
         request.block_ids.clear()
         request.block_hashes.clear()

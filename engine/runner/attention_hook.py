@@ -60,23 +60,31 @@ def _dispatch(original):
 
 
 class _RouteProbe:
-    """A deferred cache that only records whether its layer's attention reached it."""
+    """A deferred cache that records whether its layer's attention reached it with the very K/V its
+    `update_and_fetch` returned. A layer that uses them outside the attention call, or passes it
+    something else (MLA: the latent as both K and V, the rotary keys used apart), would read raw pools."""
 
     offset = 0
     deferred = True
 
     def __init__(self) -> None:
         self.routed = False
+        self._fetched: tuple[mx.array, mx.array] | None = None
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        self._fetched = (keys, values)
         return keys, values
 
+    def _reached(self, keys: mx.array, values: mx.array) -> None:
+        fetched = self._fetched
+        self.routed = fetched is not None and keys is fetched[0] and values is fetched[1]
+
     def paged_attention(self, queries: mx.array, keys: mx.array, values: mx.array, scale: float) -> mx.array:
-        self.routed = True
+        self._reached(keys, values)
         return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale)
 
     def gather(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array, None]:
-        self.routed = True
+        self._reached(keys, values)
         return keys, values, None
 
     def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None) -> None:
@@ -89,5 +97,8 @@ def routes_every_layer(model: nn.Module) -> bool:
     if not install(model):
         return False
     probes = [_RouteProbe() for _ in model.layers]
-    model(mx.array([[0]]), cache=probes)
+    try:
+        model(mx.array([[0]]), cache=probes)
+    except (AttributeError, TypeError, ValueError, IndexError):  # it asks its caches for more than K/V
+        return False
     return all(p.routed for p in probes)

@@ -64,7 +64,13 @@ def cache_refusal(model: nn.Module, handles: tuple[type, ...] = (KVCache,)) -> s
     make_cache = getattr(model, "make_cache", None)
     if make_cache is None:
         return None
-    kinds = sorted({type(c).__name__ for c in make_cache() if type(c) not in handles})
-    if not kinds:
-        return None
-    return f"the model's caches hold {', '.join(kinds)}: a sliding window or other state this path does not model"
+    caches = make_cache()
+    kinds = sorted({type(c).__name__ for c in caches if type(c) not in handles})
+    if kinds:
+        return f"the model's caches hold {', '.join(kinds)}: a sliding window or other state this path does not model"
+    num_layers = len(getattr(model, "layers", caches))
+    if len(caches) != num_layers:  # layers that share another's KV (gemma3n) or keep none (nemotron-nas)
+        return (
+            f"the model keeps {len(caches)} caches for {num_layers} layers; this path assumes one per layer"
+        )
+    return None

@@ -22,6 +22,7 @@ class LayerShape:
 class KVStorage:
     def __init__(self, shapes: list[LayerShape], num_blocks: int, block_size: int, dtype: mx.Dtype):
         self.shapes = shapes
+        self.dtype = dtype
         self.num_blocks = num_blocks
         self.block_size = block_size
         # One block past the pool's: padding rows of a bucketed decode write there (engine/runner/cuda/decode_graph.py).

@@ -14,18 +14,14 @@ from engine.core.scheduler import ScheduledRequest, SchedulerPlan
 from engine.messages import ComputePaths
 from engine.models.vision_model import model_inputs
 from engine.runner.backends import Choice
-from engine.runner.kv_storage import LayerShape
-from engine.runner.paged_attention import PagedLayerCache, StepLayout
+from engine.runner.layer_caches import LayerCaches
+from engine.runner.paged_attention import StepLayout
+from engine.runner.state_storage import StateRows, StateStorage
 
 import mlx.core as mx
-from mlx import nn
 
 # Paired prefill chunks are at least this close in length (engine/runner/cpu/paired_prefill.py).
 MIN_PAIR_RATIO = 0.5
-
-
-class UnsupportedModelError(ValueError):
-    pass
 
 
 @dataclass
@@ -45,40 +41,15 @@ class DeviceTokens:
         self.rows = {item.request.request_id: i for i, item in enumerate(self.items)}
 
 
-class _ShapeProbe:
-    """Records the K/V shapes a layer produces, without evaluating anything."""
-
-    offset = 0
-
-    def __init__(self) -> None:
-        self.shape: LayerShape | None = None
-
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        self.shape = LayerShape(keys.shape[1], keys.shape[3], values.shape[3])
-        return keys, values
-
-
-def probe_layer_shapes(model: nn.Module) -> list[LayerShape]:
-    """One lazy forward with probe caches tells each layer's KV heads and head dims."""
-    if hasattr(model, "make_cache"):
-        kinds = {type(c).__name__ for c in model.make_cache()}
-        if not kinds <= {"KVCache", "RotatingKVCache"}:
-            raise UnsupportedModelError(
-                f"model uses caches {sorted(kinds)}; the paged engine serves attention-only models"
-            )
-    probes = [_ShapeProbe() for _ in model.layers]
-    model(mx.array([[0]]), cache=probes)
-    if any(p.shape is None for p in probes):
-        raise UnsupportedModelError("some layers never wrote K/V; the paged engine cannot serve this model")
-    return [p.shape for p in probes]  # type: ignore[misc]
-
-
 class ModelRunner:
-    def __init__(self, choice: Choice):
-        """`choice`: the model, its storage and the paths engine/runner/backends.py picked for them."""
+    def __init__(self, choice: Choice, layers: LayerCaches, states: StateStorage | None = None):
+        """`choice`: the model, its storage and the paths engine/runner/backends.py picked for them;
+        `layers`: the model's cache kinds; `states`: the state slots of its recurrent layers, if any."""
         target = choice.target
         self.model = target.model
         self.storage = target.storage
+        self.layers = layers
+        self.states = states
         self.block_size = target.storage.block_size
         self.choice = choice
         # Decode rows as one fast call (the CUDA graph, the CPU's C forward), or None: the model's call.
@@ -92,7 +63,7 @@ class ModelRunner:
 
     def compute_paths(self) -> ComputePaths:
         """Which paths this runner took, for the status endpoint and the load log."""
-        return self.choice.compute_paths(str(self.storage.keys[0].dtype).removeprefix("mlx.core."))
+        return self.choice.compute_paths(str(self.storage.dtype).removeprefix("mlx.core."))
 
     def execute(self, plan: SchedulerPlan, pending: DeviceTokens | None = None) -> StepLogits:
         decode = [s for s in plan.scheduled if s.num_new_tokens == 1]
@@ -108,7 +79,7 @@ class ModelRunner:
                     items.append(item)
                     rows.append(logits[:, -1, :])
         if decode:
-            logits = self._forward(decode, 1, self._decode_inputs(decode, pending))[:, -1, :]
+            logits = self._forward_decode(decode, self._decode_inputs(decode, pending))
             keep = [i for i, s in enumerate(decode) if s.needs_sample]
             items += [decode[i] for i in keep]
             if keep:  # mx.array([]) is float32, and a float index array fails the whole step
@@ -141,13 +112,25 @@ class ModelRunner:
         assert len(ids) == item.num_new_tokens, "only a decode row's input may be pending"
         return mx.array([ids], dtype=mx.int32)
 
-    def _caches(
-        self, chunk: list[ScheduledRequest], num_new: int, defer_writes: bool = False
-    ) -> list[PagedLayerCache]:
+    def _caches(self, chunk: list[ScheduledRequest], num_new: int, defer_writes: bool = False) -> list:
         tables = [s.request.block_ids[: -(-(s.start + num_new) // self.block_size)] for s in chunk]
         starts = [s.start for s in chunk]
-        layout = StepLayout(starts, num_new, tables, self.block_size, self.attention, defer_writes)
-        return [PagedLayerCache(self.storage, i, layout) for i in range(len(self.storage.shapes))]
+        layout = StepLayout(
+            starts, num_new, tables, self.block_size, self.attention, defer_writes, self.layers.mask_ndim
+        )
+        rows = None
+        if self.states is not None:
+            slots = [s.request.state_slot for s in chunk]
+            assert all(slot is not None for slot in slots), "a request with recurrent layers holds a slot"
+            rows = StateRows(slots, [s == 0 for s in starts], self.states.zero_slot)  # type: ignore[arg-type]
+        return self.layers.build(self.storage, self.states, layout, rows)
+
+    def _forward_decode(self, decode: list[ScheduledRequest], tokens: mx.array) -> mx.array:
+        """(B, vocab) logits of decode rows: one forward, or one per row where the model cannot batch."""
+        if self.layers.batched_decode or len(decode) == 1:
+            return self._forward(decode, 1, tokens)[:, -1, :]
+        rows = [self._forward([item], 1, tokens[i : i + 1]) for i, item in enumerate(decode)]
+        return mx.concatenate(rows)[:, -1, :]
 
     @staticmethod
     def _decode_inputs(decode: list[ScheduledRequest], pending: DeviceTokens | None) -> mx.array:
@@ -166,6 +149,7 @@ class ModelRunner:
         return mx.where(is_known, mx.array([t or 0 for t in known], dtype=mx.int32), from_device)[:, None]
 
     def _forward(self, chunk: list[ScheduledRequest], num_new: int, tokens: mx.array) -> mx.array:
+        states: list[mx.array] = []
         if num_new == 1 and self.decode is not None:
             tables = [s.request.block_ids[: -(-(s.start + 1) // self.block_size)] for s in chunk]
             logits = self.decode.step(tokens[:, 0], [s.start for s in chunk], tables)[:, None, :]
@@ -176,10 +160,12 @@ class ModelRunner:
                 logits = self.head(hidden[:, -1:, :])
             else:
                 logits = self.model(tokens, cache=caches, **model_inputs(self.model, chunk, tokens))
+            states = self.layers.write_back(caches)
         # Launch each forward at once: the next one's scatter then finds the pools evaluated and
         # updates them in place, and the host goes on building while the device computes.
         to_eval = [logits] if chunk[0].needs_sample or num_new == 1 else []
-        mx.async_eval(*to_eval, *self.storage.arrays())
+        states += self.states.arrays() if self.states is not None else []
+        mx.async_eval(*to_eval, *self.storage.arrays(), *states)
         return logits
 
 

@@ -61,9 +61,13 @@ class StepLayout:
         block_size: int,
         paths: AttentionPaths = AttentionPaths(),
         defer_writes: bool = False,
+        mask_ndim: int = 4,
     ):
-        """`paths`: how attention runs (engine/runner/backends.py's choice for the model and device)."""
+        """`paths`: how attention runs (engine/runner/backends.py's choice for the model and device);
+        `mask_ndim`: 5 where the model's scores carry a repeats axis (B, kv_heads, repeats, L, S), so a
+        batched mask must be (B, 1, 1, L, S) to broadcast (engine/runner/layer_caches.py probes it)."""
         self.batch = len(offsets)
+        self.mask_ndim = mask_ndim
         self.paths = paths
         self.num_new = num_new
         self.block_size = block_size
@@ -76,7 +80,7 @@ class StepLayout:
         self.offset = offsets[0] if self.batch == 1 else mx.array(offsets, dtype=mx.int32)
         slots = self._slots(offsets, num_new, block_tables, block_size)
         self.write_slots = mx.array(slots, dtype=mx.int32)
-        self._masks: dict[int | None, mx.array] = {}
+        self._masks: dict[tuple[int | None, int | None], mx.array] = {}
         self._rows: dict[tuple[int, int], tuple[mx.array, mx.array]] = {}
         # Fast paths for one row: a slice write for one token, a slice read when its blocks are
         # consecutive ids (the usual case: the free queue hands out runs). Slices skip scatter/gather.
@@ -115,27 +119,49 @@ class StepLayout:
                 slots.append(table[pos // block_size] * block_size + pos % block_size)
         return slots
 
-    def mask(self, window_size: int | None) -> mx.array | str | None:
+    def mask(
+        self, window_size: int | None, return_array: bool = False, retained: int | None = None
+    ) -> mx.array | str | None:
+        """As mlx-lm's caches answer `make_mask`: None for one row's one query over its whole context,
+        "causal" for one row's chunk unless the model asks for an array, else the boolean array.
+        `retained`: a RotatingKVCache's size where the model's mask window is wider: mlx-lm's cache then
+        still holds only the last `retained` tokens before the chunk, so keys j <= offset - retained are
+        out of reach too (plamo3 masks with its window + 1 over a cache of its window)."""
         if self.batch == 1 and window_size is None:
-            return "causal" if self.num_new > 1 else None
-        if window_size not in self._masks:
-            q_pos = mx.array(self._offsets, dtype=mx.int32)[:, None] + mx.arange(self.num_new)[None, :]
-            k_pos = mx.arange(self.ctx_len)
-            mask = k_pos[None, None, :] <= q_pos[:, :, None]
+            if self.num_new == 1:
+                return None
+            if not return_array:
+                return "causal"
+        key = (window_size, retained)
+        if key not in self._masks:
+            offsets = mx.array(self._offsets, dtype=mx.int32)[:, None, None]
+            q_pos = offsets[:, :, 0] + mx.arange(self.num_new)[None, :]
+            k_pos = mx.arange(self.ctx_len)[None, None, :]
+            mask = k_pos <= q_pos[:, :, None]
             if window_size is not None:
-                mask = mask & (k_pos[None, None, :] > q_pos[:, :, None] - window_size)
-            self._masks[window_size] = mask[:, None, :, :]
-        return self._masks[window_size]
+                mask = mask & (k_pos > q_pos[:, :, None] - window_size)
+            if retained is not None:
+                mask = mask & (k_pos > offsets - retained)
+            self._masks[key] = mask[:, None, None] if self.mask_ndim == 5 else mask[:, None]
+        return self._masks[key]
 
 
 class PagedLayerCache:
     """mlx-lm's cache interface for one layer, backed by the shared paged storage."""
 
-    def __init__(self, storage: KVStorage, layer: int, layout: StepLayout):
+    # mlx-lm's ChunkedKVCache interface (llama4): the paged context always starts at token 0, and the
+    # model's own chunk mask, built from these, covers it.
+    start_position = 0
+
+    def __init__(self, storage: KVStorage, layer: int, layout: StepLayout, window: int | None = None):
+        """`window`: the layer attends to its last `window` tokens (the model's RotatingKVCache size),
+        whether or not the model passes the window to its mask."""
         self.storage = storage
         self.layer = layer
         self.layout = layout
+        self.window = window
         self._kept: tuple[mx.array, mx.array] | None = None  # K/V held back by `defer_writes`
+        self._fetched: tuple[mx.array, mx.array] | None = None  # the context update_and_fetch returned
 
     @property
     def offset(self) -> int | mx.array:
@@ -159,20 +185,29 @@ class PagedLayerCache:
             mx.async_eval(keys, values)
         if self.layout.defer_writes:
             self._kept = (keys, values)
-            if self.layout.fresh:
-                return keys, values
-            # The pools hold the cached prefix only: read it, then add the new K/V.
-            prefix_len = self.layout.offset
-            assert isinstance(prefix_len, int), "deferred writes serve one row"
-            k_prefix = self._context(self.storage.keys[self.layer], prefix_len)
-            v_prefix = self._context(self.storage.values[self.layer], prefix_len)
-            return mx.concatenate([k_prefix, keys], axis=2), mx.concatenate([v_prefix, values], axis=2)
+            if not self.layout.fresh:
+                # The pools hold the cached prefix only: read it, then add the new K/V.
+                prefix_len = self.layout.offset
+                assert isinstance(prefix_len, int), "deferred writes serve one row"
+                k_prefix = self._context(self.storage.keys[self.layer], prefix_len)
+                v_prefix = self._context(self.storage.values[self.layer], prefix_len)
+                keys = mx.concatenate([k_prefix, keys], axis=2)
+                values = mx.concatenate([v_prefix, values], axis=2)
+            self._fetched = (keys, values)
+            return keys, values
         k_pool, v_pool = self._write(self.storage.keys, keys), self._write(self.storage.values, values)
         if self.deferred:
             return k_pool, v_pool
-        if self.layout.fresh:  # its context is exactly its new K/V: no need to read them back
-            return keys, values
-        return self._context(k_pool), self._context(v_pool)
+        if not self.layout.fresh:  # a fresh row's context is exactly its new K/V: no need to read back
+            keys, values = self._context(k_pool), self._context(v_pool)
+        self._fetched = (keys, values)
+        return keys, values
+
+    def keys_and_values(self) -> tuple[mx.array, mx.array]:
+        """The context K/V this step's update_and_fetch returned: layers that share another layer's KV
+        (gemma3n, gemma4) read it here."""
+        assert self._fetched is not None, "a shared-KV layer runs after the layer that writes its KV"
+        return self._fetched
 
     def paged_attention(
         self, queries: mx.array, k_pool: mx.array, v_pool: mx.array, scale: float
@@ -188,6 +223,8 @@ class PagedLayerCache:
         batch, heads, num_new, dim = new.shape
         pool = pools[self.layer]
         _, num_blocks, block_size, _ = pool.shape
+        if dim == 0:  # an empty V (minimax_m3's indexer keeps keys only): nothing to store
+            return pool
         layout = self.layout
         if layout.single_slot is not None:
             block, slot = layout.single_slot
@@ -213,6 +250,9 @@ class PagedLayerCache:
         all it has, the new ones included)."""
         heads, num_blocks, block_size, dim = pool.shape
         layout = self.layout
+        if dim == 0:
+            ctx_len = layout.ctx_len if layout.batch > 1 or length is None else length
+            return mx.zeros((layout.batch, heads, ctx_len, 0), pool.dtype)
         if layout.block_run is not None:
             first, count = layout.block_run
             context = pool[:, first : first + count].reshape(1, heads, count * block_size, dim)
@@ -229,10 +269,34 @@ class PagedLayerCache:
         self, N: int, return_array: bool = False, window_size: int | None = None
     ) -> mx.array | str | None:
         assert N == self.layout.num_new
+        retained = self.window if window_size and self.window and window_size > self.window else None
+        window_size = window_size or self.window
         if self.deferred:  # in-place attention masks each row's context itself
             assert window_size is None, "in-place attention serves full attention only"
             return None
-        return self.layout.mask(window_size)
+        return self.layout.mask(window_size, return_array, retained)
+
+    # Some models reassign a cache's `keys`/`values` to keep their own graphs bounded (deepseek_v32's
+    # indexer: `cache.values = mx.zeros_like(cache.keys)`, `mx.depends`). Here the pools are written only
+    # by update_and_fetch and the runner evaluates every pool each step, so such assignments are dropped.
+    @property
+    def keys(self) -> mx.array:
+        return self.storage.keys[self.layer]
+
+    @keys.setter
+    def keys(self, _: mx.array) -> None:
+        pass
+
+    @property
+    def values(self) -> mx.array:
+        return self.storage.values[self.layer]
+
+    @values.setter
+    def values(self, _: mx.array) -> None:
+        pass
+
+    def maybe_trim_front(self) -> None:
+        """ChunkedKVCache's: a paged context is never trimmed (the chunk mask hides older chunks)."""
 
     def is_trimmable(self) -> bool:
         return False

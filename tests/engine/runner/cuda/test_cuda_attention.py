@@ -11,7 +11,7 @@ from engine.runner.cuda import cuda_attention
 from engine.runner.cuda.decode_graph import CudaGraphDecode
 from engine.runner.fast_path import Target
 from engine.runner.kv_storage import KVStorage
-from engine.runner.model_runner import probe_layer_shapes
+from engine.runner.layer_caches import LayerCaches
 
 import mlx.core as mx
 import numpy as np
@@ -28,7 +28,7 @@ def test_the_graph_and_its_kernel_are_not_picked_on_the_cpu(model):
     module = sys.modules[type(model).__module__]
     before = module.scaled_dot_product_attention
     assert not cuda_attention.kernel_available()
-    storage = KVStorage(probe_layer_shapes(model), 4, 16, mx.float32)
+    storage = KVStorage(LayerCaches(model).probe_shapes()[0], 4, 16, mx.float32)
     for device in ("cpu", "gpu"):  # no CUDA backend here, whatever the device is called
         assert CudaGraphDecode().applies(Target(model, storage, device, None)) == "needs MLX's CUDA backend"
     assert module.scaled_dot_product_attention is before  # the check installs nothing

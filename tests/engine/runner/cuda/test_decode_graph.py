@@ -7,7 +7,7 @@ from engine.config import EngineConfig
 from engine.models.model_loader import load_model
 from engine.runner.cuda.decode_graph import DecodeGraph, bucket
 from engine.runner.kv_storage import KVStorage
-from engine.runner.model_runner import probe_layer_shapes
+from engine.runner.layer_caches import LayerCaches
 from engine.runner.paged_attention import PagedLayerCache, StepLayout
 
 import mlx.core as mx
@@ -31,7 +31,7 @@ def _forward(model, storage: KVStorage, offsets, tables, tokens) -> mx.array:
 
 
 def _prefilled(model, prompts, tables) -> KVStorage:
-    storage = KVStorage(probe_layer_shapes(model), 48, BS, mx.float32)
+    storage = KVStorage(LayerCaches(model).probe_shapes()[0], 48, BS, mx.float32)
     for prompt, table in zip(prompts, tables):
         _forward(model, storage, [0], [table[: -(-len(prompt) // BS)]], mx.array([prompt]))
     return storage
