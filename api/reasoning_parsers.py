@@ -4,6 +4,7 @@ Two parsers: `qwen3` (reasoning only when the output opens with `<think>`; Qwen3
 any model that never thinks, is all answer) and `deepseek_r1` (the template opens `<think>` in the
 prompt, so the output is reasoning until `</think>`; a leading `<think>` is dropped; an output that never
 closes it is all reasoning). Text that might be part of a tag is held back until it is known.
+The names also cover `openai_gptoss` (alias `gpt_oss`), whose Harmony messages api/harmony.py reads.
 No MLX, no Ray.
 """
 
@@ -14,7 +15,9 @@ from typing import Literal
 
 from api.tool_parsers.base import tag_overlap
 
-REASONING_PARSER_NAMES = ("qwen3", "deepseek_r1")
+HARMONY = "openai_gptoss"
+_ALIASES = {"gpt_oss": HARMONY}
+REASONING_PARSER_NAMES = ("qwen3", "deepseek_r1", HARMONY, *_ALIASES)
 THINK_START, THINK_END = "<think>", "</think>"
 
 
@@ -25,16 +28,22 @@ class ReasoningPiece:
 
 
 def check_name(name: str) -> str:
+    """`name` or its alias's target; raises ValueError naming the choices for an unknown one."""
     if name not in REASONING_PARSER_NAMES:
         raise ValueError(
             f"unknown reasoning parser {name!r}; choose one of {', '.join(REASONING_PARSER_NAMES)}"
         )
-    return name
+    return _ALIASES.get(name, name)
 
 
 class ReasoningSplitter:
     def __init__(self, name: str):
-        self._starts_in_reasoning = check_name(name) == "deepseek_r1"
+        name = check_name(name)
+        if name == HARMONY:
+            raise ValueError(
+                f"{HARMONY} output is Harmony messages: read it with api.harmony.HarmonySplitter"
+            )
+        self._starts_in_reasoning = name == "deepseek_r1"
         self._state: Literal["opening", "reasoning", "answer"] = "opening"
         self._held = ""
         self._answer_started = False  # whitespace right after </think> is dropped

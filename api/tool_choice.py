@@ -65,12 +65,12 @@ def output_parsing(
 
 
 def apply(choice: ToolChoice, parsing: OutputParsing, params: SamplingParams, param: str) -> None:
-    """Forces the call by grammar when the choice demands one; keeps the tags' special tokens."""
+    """Forces the call by grammar when the choice demands one; keeps the markup's special tokens."""
+    if parsing.keeps_special_tokens:
+        params.skip_special_tokens = False
     fmt = parsing.tool_format
     if fmt is None:
         return
-    if fmt.special_tags:
-        params.skip_special_tokens = False
     if choice.mode != "required":
         return
     if params.structured is not None:

@@ -139,12 +139,13 @@ class AppConfig(_Strict):
         "auto",
         description="Tool-call format read from the output (docs/tools.md): 'auto' (from the chat "
         "template), a name in api/tool_parsers (hermes, qwen3_coder, llama3_json, mistral, deepseek, glm45, "
-        "kimi_k2, minimax_m2, nemotron, lfm2, or an alias), "
+        "kimi_k2, minimax_m2, nemotron, lfm2, openai, or an alias), "
         "or None to refuse requests with tools.",
     )
     reasoning_parser: str | None = Field(
         None,
-        description="'qwen3' or 'deepseek_r1': split <think> reasoning out of the answer; None: off.",
+        description="'qwen3' or 'deepseek_r1': split <think> reasoning out of the answer; 'openai_gptoss' "
+        "(alias 'gpt_oss'): gpt-oss Harmony analysis messages are reasoning; None: off.",
     )
 
     @field_validator("tool_call_parser")

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from api.tool_parsers.base import ToolFormat, ToolSpec
 from api.tool_parsers.deepseek import CALLS_BEGIN, DeepSeekFormat
 from api.tool_parsers.glm45 import Glm45Format
+from api.tool_parsers.gpt_oss import CALL, CHANNEL, HarmonyFormat
 from api.tool_parsers.hermes import HermesFormat
 from api.tool_parsers.kimi_k2 import SECTION_BEGIN, KimiK2Format
 from api.tool_parsers.lfm2 import Lfm2Format
@@ -32,6 +33,7 @@ _FORMATS: dict[str, Callable[[], ToolFormat]] = {
     "minimax_m2": MiniMaxM2Format,
     "nemotron": NemotronFormat,
     "lfm2": Lfm2Format,
+    "openai": HarmonyFormat,
 }
 _ALIASES = {
     "qwen": "hermes",
@@ -44,6 +46,8 @@ _ALIASES = {
     "qwen3_next": "qwen3_coder",
     "glm47": "glm45",
     "nemotron_h": "nemotron",
+    "gpt_oss": "openai",
+    "harmony": "openai",
 }
 # Template strings that name a format, checked in order before the generic `<tool_call>` rules.
 _TEMPLATE_MARKERS = (
@@ -75,6 +79,8 @@ def canonical_name(name: str) -> str:
 def auto_name(template: str) -> str:
     """The format a chat template's text writes calls in. Templates that name none (or render no tools,
     so engine/prompt/chat_template.py describes them in the Hermes format) get `hermes`."""
+    if CHANNEL in template and CALL in template:  # gpt-oss's Harmony
+        return "openai"
     for marker, name in _TEMPLATE_MARKERS:
         if marker in template:
             return name

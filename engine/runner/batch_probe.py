@@ -38,7 +38,9 @@ def probe_batching(
         return
     probe = _Probe(layers, kv_shapes, state_shapes, dtype, block_size)
     alone = mx.concatenate([probe.decode([row], 4) for row in range(_NUM_ROWS)])
-    tolerance = 1e-3 if dtype == mx.float32 else 3e-2
+    # Of the largest logit: float32 rows agree to ~1e-5 of it; half-precision matmuls of other shapes
+    # may round apart by a few percent, while a wrong position or mask moves logits by tens of percent.
+    tolerance = 1e-3 if dtype == mx.float32 else 0.1
     errors = []
     for ndim in (4, 5):  # 5: (B, 1, 1, L, S) for scores shaped (B, kv_heads, repeats, L, S)
         try:

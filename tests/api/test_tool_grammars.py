@@ -9,9 +9,9 @@ from engine.messages import SamplingParams
 
 import pytest
 
+from api.output_parser import OutputParsing, parse_whole
 from api.tool_choice import ToolChoice, apply, output_parsing
 from api.tool_parsers import make_format
-from api.tool_parsers.extractor import ToolCallExtractor
 from tests.api.tool_goldens import TOOLS
 
 llguidance = pytest.importorskip("llguidance")
@@ -26,6 +26,7 @@ GLM_PAIR = "<arg_key>{}</arg_key>\n<arg_value>{}</arg_value>\n"
 KIMI_CALL = "<|tool_call_begin|>functions.{}:0<|tool_call_argument_begin|>{}<|tool_call_end|>"
 MM_CALL = '<invoke name="{}">\n{}</invoke>\n'
 MM_PARAMETER = '<parameter name="{}">{}</parameter>\n'
+HARMONY_CALL = "<|channel|>commentary to=functions.{} <|constrain|>json<|message|>{}<|call|>"
 CALLS = {  # parser -> (weather call, time call, joiner of parallel calls)
     "hermes": (
         f'<tool_call>\n{{"name": "get_weather", "arguments": {WEATHER}}}\n</tool_call>',
@@ -63,6 +64,11 @@ CALLS = {  # parser -> (weather call, time call, joiner of parallel calls)
         ", ",
     ),
     "lfm2": ('get_weather(city="Paris", unit="celsius")', 'get_time(timezone="UTC")', ", "),
+    "openai": (
+        HARMONY_CALL.format("get_weather", WEATHER),
+        HARMONY_CALL.format("get_time", TIME),
+        "<|start|>assistant",
+    ),
 }
 SECTIONS = {  # parser -> the tags around all of an output's calls
     "deepseek": "<｜tool▁calls▁begin｜>{}<｜tool▁calls▁end｜>",
@@ -95,11 +101,9 @@ def _accepts(tokenizer, grammar: str, text: str) -> bool:
 
 
 def _parsed_names(parser: str, text: str) -> list[str]:
-    extractor = ToolCallExtractor(make_format(parser, TOOLS), None, stream=False)
-    extractor.feed(text)
-    extractor.finish()
-    assert extractor.content.strip() == ""
-    return [call.name for call in extractor.calls if json.loads(call.arguments) is not None]
+    parsed = parse_whole(OutputParsing(make_format(parser, TOOLS)), text)  # with the format's framing
+    assert parsed.content.strip() == ""
+    return [call.name for call in parsed.calls if json.loads(call.arguments) is not None]
 
 
 @pytest.mark.parametrize("parser", CALLS)

@@ -119,6 +119,8 @@ MARKUP = (
     "<|tool",
     "<minimax",
     "<TOOLCALL",
+    "<|channel",
+    "<|call",
 )
 
 
@@ -157,6 +159,8 @@ def test_an_output_cut_anywhere_never_leaks_call_markup_as_content(golden):
         ("nemotron", '<TOOLCALL>[{"name": "get_ti', []),
         ("lfm2", "<|tool_call_start|>[get_ti", []),
         ("lfm2", "<|tool_call_start|>[get_time(timezone='UT", [("get_time", "{")]),
+        ("openai", "<|channel|>commentary to=functions.get_ti", []),
+        ("openai", '<|channel|>commentary to=functions.get_time<|message|>{"time', [("get_time", '{"time')]),
     ],
 )
 def test_a_call_cut_before_its_arguments_is_dropped_or_kept_by_name(parser, text, calls):
@@ -202,6 +206,10 @@ def test_held_back_tag_prefix_is_released_when_it_is_not_a_tag():
         ("{{ '<|tool_call_start|>' }}[{{ calls }}]<|tool_call_end|>", "lfm2"),
         ("<tool_call>\n<function={{ tc.name }}>\n<parameter={{ k }}>", "qwen3_coder"),  # Qwen3.5 / Next
         ("{% for m in messages %}{{ m.content }}{% endfor %}", "hermes"),
+        (
+            "{{ '<|start|>assistant to=' + tc.name + '<|channel|>commentary json<|message|>' }}<|call|>",
+            "openai",
+        ),
     ],
 )
 def test_auto_picks_the_format_the_template_writes(template, name):
@@ -212,8 +220,9 @@ def test_unknown_parser_names_list_the_choices():
     assert canonical_name("qwen") == "hermes"
     assert canonical_name("granite4") == "hermes" and canonical_name("nemotron_h") == "nemotron"
     assert canonical_name("qwen3_5") == canonical_name("qwen3_next") == "qwen3_coder"
+    assert canonical_name("harmony") == canonical_name("gpt_oss") == "openai"
     with pytest.raises(ValueError, match="choose one of auto, hermes"):
-        canonical_name("harmony")
+        canonical_name("o200k")
 
 
 def test_whitespace_beside_calls_is_not_content_but_a_plain_blank_answer_is():

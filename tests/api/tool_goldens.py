@@ -153,6 +153,21 @@ GOLDENS = [
         "",
         [("get_weather", {"city": 'Paris ("centre"), 1er', "unit": "celsius"})],
     ),
+    # The openai format reads the answer api/harmony.py hands it: calls in canonical regions (or raw).
+    Golden(
+        "openai",
+        'Checking.<|channel|>commentary to=functions.get_weather<|message|>{"city": "Paris", "unit": "celsius"}'
+        '<|call|><|channel|>commentary to=functions.get_time<|message|>{"timezone": "Europe/Paris"}<|call|>',
+        "Checking.",
+        [("get_weather", WEATHER), ("get_time", TIME)],
+    ),
+    Golden(
+        "openai",
+        "<|channel|>commentary to=functions.get_time <|constrain|>json<|message|>"
+        '{"timezone": "Europe/Paris"}<|call|>',
+        "",
+        [("get_time", TIME)],
+    ),
 ]
 
 TOOLS = [
