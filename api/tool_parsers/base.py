@@ -8,6 +8,7 @@ dialect) that forces output into the format. Pure logic: no MLX, no Ray.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -131,3 +132,16 @@ def repeat(rule: str, parallel: bool, separator: str = "") -> str:
         return rule
     sep = f"{separator} " if separator else ""
     return f"{rule} ({sep}{rule})*"
+
+
+def read_each(
+    pieces: list[str], read_call: Callable[[str, bool], PartialCall | None], final: bool
+) -> list[PartialCall]:
+    """The calls of `pieces` in order, up to the first one `read_call` cannot read yet (None)."""
+    calls = []
+    for piece in pieces:
+        call = read_call(piece, final)
+        if call is None:
+            break
+        calls.append(call)
+    return calls

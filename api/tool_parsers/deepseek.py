@@ -23,6 +23,7 @@ from api.tool_parsers.base import (
     json_rule,
     lark_string,
     object_arguments,
+    read_each,
     repeat,
     scan_json_value,
     starts_like,
@@ -49,13 +50,7 @@ class DeepSeekFormat:
         pieces = region.removeprefix(self.start).split(CALL_BEGIN)
         if final and not pieces[1:]:
             raise MalformedCall("deepseek tool calls hold no <｜tool▁call▁begin｜>")
-        calls = []
-        for piece in pieces[1:]:
-            call = _read_call(piece, final)
-            if call is None:
-                break
-            calls.append(call)
-        return calls
+        return read_each(pieces[1:], _read_call, final)
 
     def begins_call(self, region: str) -> bool:
         return starts_like(region.removeprefix(self.start), CALL_BEGIN)

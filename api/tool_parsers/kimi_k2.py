@@ -20,6 +20,7 @@ from api.tool_parsers.base import (
     json_rule,
     lark_string,
     object_arguments,
+    read_each,
     repeat,
     scan_json_value,
     starts_like,
@@ -45,13 +46,7 @@ class KimiK2Format:
         pieces = region.removeprefix(self.start).split(CALL_BEGIN)
         if final and (pieces[0].strip() or not pieces[1:]):
             raise MalformedCall("kimi_k2 tool calls hold no <|tool_call_begin|>")
-        calls = []
-        for piece in pieces[1:]:
-            call = _read_call(piece, final)
-            if call is None:
-                break
-            calls.append(call)
-        return calls
+        return read_each(pieces[1:], _read_call, final)
 
     def begins_call(self, region: str) -> bool:
         return starts_like(region.removeprefix(self.start), CALL_BEGIN)
