@@ -32,6 +32,11 @@ _COUNTERS = {
         "prefix_cache_hits",
     ),
     "vllm:num_preemptions": ("Cumulative number of preemptions from the engine.", "num_preemptions"),
+    "vllm:mm_cache_queries": (
+        "Multi-modal encoder cache queries, in requests with images.",
+        "encoder_cache_queries",
+    ),
+    "vllm:mm_cache_hits": ("Multi-modal encoder cache hits, in requests with images.", "encoder_cache_hits"),
 }
 _HISTOGRAMS = {
     "vllm:time_to_first_token_seconds": (

@@ -129,6 +129,9 @@ class ModelCard(_Response):
     owned_by: str = "mlx-ray-serve"
     root: str
     max_model_len: int
+    # What the model takes and gives (OpenRouter's architecture fields): "text", "image"; "embedding".
+    input_modalities: list[str] = ["text"]
+    output_modalities: list[str] = ["text"]
 
 
 class ModelList(_Response):

@@ -183,9 +183,14 @@ class Ingress:
     async def _model_cards(self) -> list[ModelCard]:
         """The served model's card first, then the embedding model's (if enabled)."""
         info = await self._model_info()
+        inputs = ["text", "image"] if info.accepts_images else ["text"]
         cards = [
             ModelCard(
-                id=self._model_id(info), created=0, root=info.model_name, max_model_len=info.max_model_len
+                id=self._model_id(info),
+                created=0,
+                root=info.model_name,
+                max_model_len=info.max_model_len,
+                input_modalities=inputs,
             )
         ]
         if self._embedder is not None:
@@ -197,7 +202,10 @@ class Ingress:
                 if exc.status != 503:
                     raise
                 return cards
-            cards.append(ModelCard(id=name, created=0, root=name, max_model_len=max_len))
+            card = ModelCard(
+                id=name, created=0, root=name, max_model_len=max_len, output_modalities=["embedding"]
+            )
+            cards.append(card)
         return cards
 
     async def _embedding_len(self) -> int:

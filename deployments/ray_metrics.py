@@ -22,6 +22,8 @@ _COUNTERS = {
     "vllm_prefix_cache_queries": "prefix_cache_queries",
     "vllm_prefix_cache_hits": "prefix_cache_hits",
     "vllm_num_preemptions": "num_preemptions",
+    "vllm_mm_cache_queries": "encoder_cache_queries",
+    "vllm_mm_cache_hits": "encoder_cache_hits",
 }
 
 

@@ -61,7 +61,7 @@ class Scheduler:
 
     async def model_info(self) -> ModelInfo:
         eos_ids = sorted(self._engine.tokenizer.eos_token_ids)
-        accepts_images = self._engine.image_token_id is not None
+        accepts_images = self._engine.accepts_images
         return ModelInfo(self._engine.model_name, self._engine.max_model_len, eos_ids, accepts_images)
 
     async def stats(self) -> ReplicaStats:

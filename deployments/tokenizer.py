@@ -15,6 +15,7 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.errors import InvalidRequestError
 from engine.messages import ImageInputs
+from engine.models.model_loader import load_image_preprocessor
 from engine.prompt.chat_template import (
     add_tools_prompt,
     flatten_tool_turns,
@@ -23,7 +24,7 @@ from engine.prompt.chat_template import (
     renders_tools,
     template_source,
 )
-from engine.prompt.image_processor import as_content_parts, load_image_preprocessor
+from engine.prompt.image_processor import as_content_parts
 
 from jinja2 import TemplateError
 from ray import serve

@@ -52,6 +52,12 @@ class EngineConfig(BaseModel):
         None, ge=1, description="Bound on queued requests; beyond it add_request raises QueueFullError."
     )
     enable_prefix_caching: bool = Field(True, description="Share full KV blocks between requests by prefix.")
+    encoder_cache_bytes: int = Field(
+        256 << 20,
+        ge=0,
+        description="Vision models: bytes of vision-encoder output kept by the images' hash, so a conversation "
+        "that resends its images does not encode them again (vLLM's encoder cache). 0 turns it off.",
+    )
     seed: int = Field(0, description="Seed for requests that give none.")
     async_scheduling: bool | None = Field(
         None,

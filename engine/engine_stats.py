@@ -10,6 +10,7 @@ from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler
 from engine.messages import ComputePaths, EngineStats, LiveRequestStats
+from engine.models.encoder_cache import EncoderCache
 from engine.request_metrics import RequestMetrics
 
 import mlx.core as mx
@@ -23,6 +24,7 @@ class StatsSource(Protocol):
     kv: KVCacheManager
     metrics: RequestMetrics
     compute: ComputePaths
+    encoder_cache: EncoderCache | None
     num_steps: int
     num_finished: int
     prompt_tokens_total: int
@@ -44,6 +46,8 @@ def collect_stats(engine: StatsSource) -> EngineStats:
         prefix_cache_queries=kv.prefix_queries,
         prefix_cache_hits=kv.prefix_hits,
         num_preemptions=scheduler.num_preemptions,
+        encoder_cache_queries=engine.encoder_cache.num_queries if engine.encoder_cache else 0,
+        encoder_cache_hits=engine.encoder_cache.num_hits if engine.encoder_cache else 0,
         prompt_tokens_total=engine.prompt_tokens_total,
         generation_tokens_total=engine.generation_tokens_total,
         num_requests_finished=engine.num_finished,

@@ -50,7 +50,11 @@ class LLMEngine:
         self.model_name = loaded.name
         self.tokenizer = loaded.tokenizer
         self.eos_token_ids = set(loaded.tokenizer.eos_token_ids)
-        self.image_token_id = loaded.image_token_id  # None: a text-only model
+        self.image_token_id = loaded.image_token_id  # None: a text-only model, or one that names none
+        self.accepts_images = loaded.accepts_images
+        self.encoder_cache = getattr(
+            loaded.model, "encoder_cache", None
+        )  # a vision model's, where it applies
         self.vocab_size = _vocab_size(loaded)
         layers = LayerCaches(loaded.model)
         shapes, state_shapes = layers.probe_shapes()
@@ -59,7 +63,8 @@ class LLMEngine:
         # prefix's blocks would not bring that state back: such a model's prefix cache is off.
         self.states = StateStorage(state_shapes, config.max_num_seqs) if layers.has_state else None
         state_bytes = self.states.nbytes if self.states is not None else 0
-        self.prefix_caching_off = _prefix_caching_off(config, layers)
+        self.prefill_whole = getattr(loaded.model, "whole_prompt", False)
+        self.prefix_caching_off = _prefix_caching_off(config, layers, self.prefill_whole)
         num_blocks = _num_blocks(config, shapes, loaded.dtype, state_bytes, loaded.context_len)
         self.max_model_len = _max_model_len(config, loaded.context_len, num_blocks)
         self.storage = KVStorage(shapes, num_blocks, config.block_size, loaded.dtype)
@@ -77,6 +82,7 @@ class LLMEngine:
             prefix_cache="on" if self.prefix_caching_off is None else f"off: {self.prefix_caching_off}",
             state_bytes_per_seq=StateStorage.bytes_per_slot(state_shapes),
             num_state_slots=self.states.num_slots if self.states is not None else 0,
+            vision=getattr(loaded.model, "summary", ""),
         )
         logger.info("%s compute paths: %s", self.model_name, self.compute)
         self.sampler = Sampler(config.seed)
@@ -125,13 +131,23 @@ class LLMEngine:
 
     def _sample(self, request: GenerateRequest, index: int, max_tokens: int) -> Request:
         """The engine request of sample `index`; with n > 1 it runs under its own id (parallel_sampling)."""
-        vision = vision_state(request.prompt_token_ids, request.images, self.image_token_id)
+        vision = vision_state(
+            request.prompt_token_ids, request.images, self.accepts_images, self.image_token_id
+        )
         prompt, params = list(request.prompt_token_ids), sample_params(request.params, index)
+        whole = self.prefill_whole
         if request.n == 1:
-            return Request(request.request_id, prompt, params, max_tokens, vision=vision)
+            return Request(request.request_id, prompt, params, max_tokens, vision=vision, prefill_whole=whole)
         rid = sample_id(request.request_id, index)
         return Request(
-            rid, prompt, params, max_tokens, vision=vision, parent_id=request.request_id, index=index
+            rid,
+            prompt,
+            params,
+            max_tokens,
+            vision=vision,
+            parent_id=request.request_id,
+            index=index,
+            prefill_whole=whole,
         )
 
     def abort_request(self, request_id: str) -> None:
@@ -310,7 +326,8 @@ class LLMEngine:
                 f"{len(token_ids)} tokens, leaving no room for the completion. Please shorten the prompt.",
                 param="messages",
             )
-        bad = next((t for t in token_ids if not 0 <= t < self.vocab_size), None)
+        # A VLM's image placeholder may lie outside the vocabulary (LLaVA-style -200): its features replace it.
+        bad = next((t for t in token_ids if not 0 <= t < self.vocab_size and t != self.image_token_id), None)
         if bad is not None:
             raise InvalidRequestError(
                 f"token id {bad} is outside the vocabulary [0, {self.vocab_size})", "prompt"
@@ -334,10 +351,12 @@ def _total_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def _prefix_caching_off(config: EngineConfig, layers: LayerCaches) -> str | None:
+def _prefix_caching_off(config: EngineConfig, layers: LayerCaches, prefill_whole: bool) -> str | None:
     """Why the prefix cache is off for this model, or None."""
     if not config.enable_prefix_caching:
         return "engine.enable_prefix_caching is false"
+    if prefill_whole:
+        return "the prompt attends bidirectionally: a prefix's K/V depends on the tokens after it"
     if layers.has_state:
         return (
             "the model has recurrent layers: their state after a prefix is not in its KV blocks, "

@@ -159,6 +159,8 @@ class ComputePaths:
     prefix_cache: str = "on"  # or "off: <why>"
     state_bytes_per_seq: int = 0  # recurrent/SSM/conv state each running request holds, in the KV budget
     num_state_slots: int = 0  # requests that can hold such state at once (max_num_seqs)
+    # A vision-language model's inputs and encoder cache (engine/models/vision_model.py); "" for text.
+    vision: str = ""
 
 
 @dataclass
@@ -175,6 +177,8 @@ class EngineStats:
     prefix_cache_queries: int = 0  # prompt tokens looked up
     prefix_cache_hits: int = 0  # prompt tokens found
     num_preemptions: int = 0
+    encoder_cache_queries: int = 0  # vision requests whose image features were looked up
+    encoder_cache_hits: int = 0  # of them, found (the vision tower did not run)
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     num_requests_finished: int = 0

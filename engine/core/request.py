@@ -45,6 +45,9 @@ class Request:
     num_pending_tokens: int = 0  # sampled on the device by a launched step, not yet in all_token_ids
     parent_id: str | None = None  # the GenerateRequest's id when this is one of its n > 1 samples
     index: int = 0  # which sample of its parent (engine/core/parallel_sampling.py)
+    # The model attends bidirectionally over the prompt (PaliGemma's prefix-LM): the prompt is computed
+    # in one chunk, and any token after it (a recompute's outputs) one per step.
+    prefill_whole: bool = False
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)

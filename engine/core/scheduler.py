@@ -71,7 +71,10 @@ class Scheduler:
             if self._finishes_by_length(request):
                 i += 1  # its pending token is its last: computing another would be wasted
                 continue
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_new = self._num_new(request, budget, plan)
+            if num_new == 0:
+                i += 1
+                continue
             while not self.kv.allocate(request, num_new):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -90,8 +93,8 @@ class Scheduler:
             assert not request.num_pending_tokens, "a pending token is committed before readmission"
             match = self.kv.match_prefix(request) if not request.block_ids else NO_MATCH
             num_matched = match.num_blocks * self.kv.block_size
-            num_new = min(request.num_tokens - request.num_computed_tokens - num_matched, budget)
-            if not self.kv.allocate(request, num_new, match):
+            num_new = self._num_new(request, budget, plan, num_matched)
+            if num_new == 0 or not self.kv.allocate(request, num_new, match):
                 break
             self.waiting.popleft()
             if request.num_preemptions == 0 and request.num_computed_tokens == 0:
@@ -101,6 +104,20 @@ class Scheduler:
             self.running.append(request)
             plan.scheduled.append(ScheduledRequest(request, request.num_computed_tokens, num_new))
             budget -= num_new
+
+    @staticmethod
+    def _num_new(request: Request, budget: int, plan: SchedulerPlan, num_matched: int = 0) -> int:
+        """Tokens to compute this step: what is left, within the budget. A whole-prompt request takes
+        its prompt in one chunk (over the budget when the step holds nothing else; else it waits, 0) and
+        later tokens one at a time."""
+        num_computed = request.num_computed_tokens + num_matched
+        left = request.num_tokens - num_computed
+        if not request.prefill_whole:
+            return min(left, budget)
+        if num_computed >= request.num_prompt_tokens:
+            return min(left, 1)
+        prompt_left = request.num_prompt_tokens - num_computed
+        return prompt_left if prompt_left <= budget or plan.is_empty else 0
 
     def _preempt(self, request: Request) -> None:
         """Recompute-style preemption: drop the KV, keep the tokens, go back to the queue's front."""

@@ -3,7 +3,7 @@ merged input embeddings while its prefill runs.
 
 Owns the rule that keeps prefix caching honest: a KV block holding image tokens is keyed by the images'
 content hash as well as its token ids (`block_key`); and, for M-RoPE models, each token's 3-D
-position. Holds no MLX at import; the embeddings and positions are filled by engine/models/vision_model.py.
+position. Holds no MLX at import; the features and positions are filled by engine/models/vision_inputs.py.
 """
 
 from __future__ import annotations
@@ -23,9 +23,11 @@ class VisionState:
     inputs: ImageInputs
     image_positions: list[int]  # sorted prompt positions of image placeholder tokens
     num_prompt_tokens: int
-    embeddings: Any = None  # mx.array (1, num_prompt_tokens, hidden) while the prefill needs it
+    # The model's prompt features (engine/models/vision_inputs.py: merged embeddings (1, len, hidden),
+    # DeepStack features, M-RoPE positions) while the prefill needs them.
+    features: dict[str, Any] | None = None
     # M-RoPE models (Qwen2-VL): the prompt's (time, height, width) positions, (3, num_prompt_tokens),
-    # and the shift of every later position, set once by engine/models/vision_model.py. None elsewhere.
+    # and the shift of every later position, set once by engine/models/vision_inputs.py. None elsewhere.
     mrope_positions: np.ndarray | None = None
     rope_delta: int = 0
     _key: bytes = field(init=False)
@@ -54,13 +56,16 @@ class VisionState:
 
 
 def vision_state(
-    prompt_token_ids: list[int], images: ImageInputs | None, image_token_id: int | None
+    prompt_token_ids: list[int], images: ImageInputs | None, accepts_images: bool, image_token_id: int | None
 ) -> VisionState | None:
-    """Checks a request's images against its prompt and the model; raises InvalidRequestError."""
+    """Checks a request's images against its prompt and the model; raises InvalidRequestError. A model
+    that names no image token places its image features itself: every prompt block is keyed by the images."""
     if images is None:
         return None
-    if image_token_id is None:
+    if not accepts_images:
         raise InvalidRequestError("this model accepts no images; send text only", "messages")
+    if image_token_id is None:
+        return VisionState(images, list(range(len(prompt_token_ids))), len(prompt_token_ids))
     positions = np.flatnonzero(np.asarray(prompt_token_ids) == image_token_id).tolist()
     if not positions:
         raise InvalidRequestError("the request has images but its prompt has no image tokens", "messages")

@@ -10,11 +10,14 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engine.config import DEFAULT_MODEL, EngineConfig
 from engine.errors import ModelLoadError, load_cause
 from engine.models.default_model import resolve_model_path
-from engine.models.vision_model import is_vision_config, load_vision_model
+from engine.models.vision_config import is_vision_config
+from engine.models.vision_model import load_vision_model
+from engine.prompt.image_processor import ImagePreprocessor
 
 import mlx.core as mx
 from mlx import nn
@@ -37,6 +40,7 @@ class LoadedModel:
     context_len: int | None
     device: str  # MLX's device type it runs on: "cpu" or "gpu"
     image_token_id: int | None = None  # set for a vision-language model (engine/models/vision_model.py)
+    accepts_images: bool = False  # a vision-language model (it may name no image token)
 
 
 def select_device(config: EngineConfig) -> mx.Device:
@@ -107,9 +111,12 @@ def _load_model(config: EngineConfig) -> LoadedModel:
 def _load_vision(
     config: EngineConfig, path: str, model_config: dict, dtype: str, set_dtype: bool, device: mx.Device
 ) -> LoadedModel:
-    model, tokenizer = load_vision_model(path, model_config, _DTYPES[dtype], set_dtype)
+    model, tokenizer = load_vision_model(
+        path, model_config, _DTYPES[dtype], set_dtype, config.encoder_cache_bytes
+    )
     name, context_len, kind = model_name(config, path), _context_len(path), device.type.name
-    return LoadedModel(model, tokenizer, name, path, _DTYPES[dtype], context_len, kind, model.image_token_id)
+    dtype_ = _DTYPES[dtype]
+    return LoadedModel(model, tokenizer, name, path, dtype_, context_len, kind, model.image_token_id, True)
 
 
 def load_tokenizer(config: EngineConfig) -> TokenizerWrapper:
@@ -157,3 +164,15 @@ def _context_len(path: str) -> int | None:
         if isinstance(text_config.get(key), int):
             return text_config[key]
     return None
+
+
+def load_image_preprocessor(config: EngineConfig, tokenizer: Any) -> ImagePreprocessor | None:
+    """The processor of a vision-language model, None for a text-only one. A VLM whose tokenizer files
+    carry no chat template gets the processor's (SmolVLM keeps it in chat_template.json)."""
+    if not is_vision_model(config):
+        return None
+    path = local_model_dir(model_path(config, resolve_dtype(config, mx.default_device())))
+    preprocessor = ImagePreprocessor.load(path)
+    if not getattr(tokenizer, "chat_template", None) and preprocessor.chat_template:
+        getattr(tokenizer, "_tokenizer", tokenizer).chat_template = preprocessor.chat_template
+    return preprocessor

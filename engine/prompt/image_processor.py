@@ -1,5 +1,7 @@
 """Turns a rendered chat prompt and its images' bytes into model inputs, through the model's mlx-vlm
-processor: decoded and checked images, expanded image tokens, pixel arrays and the images' content hash.
+processor and mlx-vlm's own `prepare_inputs` (which knows each processor's call signature): decoded and
+checked images, expanded image tokens, pixel arrays, the processor's other outputs (attention mask,
+token types, grids) and the images' content hash.
 
 Runs where the tokenizer runs (the Tokenizer deployment), never on the Scheduler. Owns image decoding
 and its limits; a request it cannot take raises `InvalidRequestError` naming what to change.
@@ -12,15 +14,12 @@ import io
 from pathlib import Path
 from typing import Any
 
-from engine.config import EngineConfig
 from engine.errors import InvalidRequestError
 from engine.messages import ImageInputs
+from engine.models.vision_config import image_token_id
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
-
-# Processor outputs the engine rebuilds itself (ids) or never needs (the text attention mask).
-_TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def decode_image(data: bytes, index: int, max_pixels: int) -> Image.Image:
@@ -56,51 +55,63 @@ def images_hash(images: list[bytes]) -> str:
 class ImagePreprocessor:
     """The model's processor (tokenizer plus image processor) as mlx-vlm loads it."""
 
-    def __init__(self, processor: Any):
+    def __init__(self, processor: Any, model_type: str, image_token_id: int | None):
         self.processor = processor
+        self.model_type = model_type
+        self.image_token_id = image_token_id
 
     @classmethod
     def load(cls, path: str) -> ImagePreprocessor:
         from mlx_vlm.utils import get_model_and_args, load_config, load_image_processor, load_processor
 
-        get_model_and_args(load_config(Path(path)))  # imports the model module, which registers its processor
+        config = load_config(Path(path))
+        get_model_and_args(config)  # imports the model module, which registers its processor
         processor = load_processor(Path(path), add_detokenizer=False)
         if (image_processor := load_image_processor(Path(path))) is not None:
             processor.image_processor = image_processor
-        return cls(processor)
+        return cls(processor, config.get("model_type", ""), image_token_id(config))
 
     @property
     def chat_template(self) -> str | None:
         return getattr(self.processor, "chat_template", None)
 
     def process(self, text: str, images: list[bytes], max_pixels: int) -> tuple[list[int], ImageInputs]:
-        """The prompt's ids with each image placeholder expanded, and the images' pixel arrays."""
+        """The prompt's ids with each image placeholder expanded, and the images' model inputs."""
+        from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
+
         decoded = [decode_image(data, i + 1, max_pixels) for i, data in enumerate(images)]
         try:
-            outputs = self.processor(images=decoded, text=[text], add_special_tokens=False)
+            outputs = prepare_inputs(
+                self.processor,
+                images=decoded,
+                prompts=text,
+                image_token_index=self.image_token_id,
+                add_special_tokens=should_add_special_tokens(self.model_type, self.processor),
+            )
         except ValueError as exc:  # e.g. the template rendered fewer image placeholders than images
-            raise InvalidRequestError(f"the images do not fit the prompt: {exc}", "messages") from exc
-        arrays = {name: np.array(value) for name, value in outputs.items()}
-        extras = {name: value for name, value in arrays.items() if name not in (*_TEXT_KEYS, "pixel_values")}
-        ids = arrays["input_ids"].reshape(-1).tolist()
-        pixels = arrays["pixel_values"].astype(np.float32)
+            outputs = self._call_plainly(decoded, text, exc)
+        ids = np.array(outputs.pop("input_ids")).reshape(-1).tolist()
+        pixels = as_numpy(outputs.pop("pixel_values"))
+        extras = {name: as_numpy(value) for name, value in outputs.items() if value is not None}
         return ids, ImageInputs(pixels, extras, images_hash(images), len(images))
 
+    def _call_plainly(self, decoded: list[Any], text: str, first: ValueError) -> dict[str, Any]:
+        """The processor called with images and text alone: some (LLaVA's with transformers 5) pass
+        mlx-vlm's text options on to image processors that refuse them."""
+        try:
+            return dict(self.processor(images=decoded, text=[text]))
+        except (ValueError, TypeError):
+            raise InvalidRequestError(f"the images do not fit the prompt: {first}", "messages") from first
 
-def load_image_preprocessor(config: EngineConfig, tokenizer: Any) -> ImagePreprocessor | None:
-    """The processor of a vision-language model, None for a text-only one. A VLM whose tokenizer files
-    carry no chat template gets the processor's (SmolVLM keeps it in chat_template.json)."""
-    from engine.models.model_loader import is_vision_model, local_model_dir, model_path, resolve_dtype
 
-    if not is_vision_model(config):
-        return None
-    import mlx.core as mx
-
-    path = local_model_dir(model_path(config, resolve_dtype(config, mx.default_device())))
-    preprocessor = ImagePreprocessor.load(path)
-    if not getattr(tokenizer, "chat_template", None) and preprocessor.chat_template:
-        getattr(tokenizer, "_tokenizer", tokenizer).chat_template = preprocessor.chat_template
-    return preprocessor
+def as_numpy(value: Any) -> Any:
+    """MLX arrays (and lists of them) as NumPy ones, which pickle across actors; other values as they are."""
+    if isinstance(value, list):
+        return [as_numpy(v) for v in value]
+    if hasattr(value, "__array__") and not isinstance(value, np.ndarray):
+        array = np.array(value)
+        return array.astype(np.float32) if array.dtype.kind == "f" else array
+    return value
 
 
 def as_content_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -44,6 +44,7 @@ class KvLayer:
 class StateLayer:
     index: int  # into the state storage's layers
     size: int  # the ArraysCache's number of arrays
+    base: type = ArraysCache  # the model's ArraysCache class (mlx-lm's, or mlx-vlm's richer one)
 
 
 @dataclass(frozen=True)
@@ -55,21 +56,48 @@ class NativeLayer:
 @dataclass(frozen=True)
 class ListLayer:
     parts: tuple[Kind, ...]
+    cls: type = CacheList  # the model's CacheList class (its layers may check for their own)
 
 
 Kind = KvLayer | StateLayer | NativeLayer | ListLayer
 
 
-class StateCache(ArraysCache):
-    """mlx-lm's ArraysCache over one forward's rows of a recurrent layer's state slots."""
+class StateRowsMixin:
+    """The model's ArraysCache over one forward's rows of a recurrent layer's state slots."""
+
+    cache: list[Any]
 
     def __init__(self, storage: StateStorage, layer: int, rows: StateRows):
-        super().__init__(len(storage.pools[layer]))
+        super().__init__(len(storage.pools[layer]))  # type: ignore[call-arg]
         self.storage, self.layer, self.rows = storage, layer, rows
         self.cache = storage.read(layer, rows)
 
     def write_back(self) -> None:
         self.storage.write(self.layer, self.rows, self.cache)
+
+
+class StateCache(StateRowsMixin, ArraysCache):
+    """mlx-lm's ArraysCache over state slots."""
+
+
+_STATE_CLASSES: dict[type, type] = {ArraysCache: StateCache}
+
+
+def state_cache_class(base: type) -> type:
+    """The state-slot cache built on the model's own ArraysCache class (mlx-vlm's adds update_window and
+    friends, which its models call)."""
+    if base not in _STATE_CLASSES:
+        _STATE_CLASSES[base] = type(f"State{base.__name__}", (StateRowsMixin, base), {})
+    return _STATE_CLASSES[base]
+
+
+def is_arrays_cache(cache: Any) -> bool:
+    return any(cls.__name__ == "ArraysCache" for cls in type(cache).__mro__)
+
+
+def is_cache_list(cache: Any) -> bool:
+    """mlx-lm's CacheList or mlx-vlm's (same shape: `.caches`)."""
+    return any(cls.__name__ == "CacheList" for cls in type(cache).__mro__)
 
 
 class NativeCaches:
@@ -107,11 +135,11 @@ class LayerCaches:
         self.mask_ndim = 4  # of a batched mask: 5 where the model's scores are (B, kv_heads, repeats, L, S)
 
     def _kind(self, cache: Any, growing: set[int]) -> Kind:
-        if isinstance(cache, CacheList):
-            return ListLayer(tuple(self._kind(c, growing) for c in cache.caches))
-        if isinstance(cache, ArraysCache) and id(cache) not in growing:
+        if is_cache_list(cache):
+            return ListLayer(tuple(self._kind(c, growing) for c in cache.caches), type(cache))
+        if is_arrays_cache(cache) and id(cache) not in growing:
             self.num_state += 1
-            return StateLayer(self.num_state - 1, len(cache.cache))
+            return StateLayer(self.num_state - 1, len(cache.cache), type(cache))
         if type(cache) in (KVCache, RotatingKVCache, ChunkedKVCache) and not getattr(cache, "keep", 0):
             self.num_kv += 1
             window = cache.max_size if isinstance(cache, RotatingKVCache) else None
@@ -142,7 +170,7 @@ class LayerCaches:
         """One lazy one-token forward tells each attention layer's KV heads and head dims, and each
         recurrent layer's state arrays."""
         kv = [_ShapeProbe() for _ in range(self.num_kv)]
-        state = [ArraysCache(s.size) for s in _leaves(self.kinds) if isinstance(s, StateLayer)]
+        state = [s.base(s.size) for s in _leaves(self.kinds) if isinstance(s, StateLayer)]
         native = [copy.deepcopy(t) for t in self.native_templates]
         caches = [
             _build(k, lambda k: kv[k.index], lambda k: state[k.index], lambda k: native[k.index])
@@ -166,9 +194,9 @@ class LayerCaches:
         def kv(kind: KvLayer) -> PagedLayerCache:
             return PagedLayerCache(storage, kind.index, layout, kind.window)
 
-        def state(kind: StateLayer) -> StateCache:
+        def state(kind: StateLayer) -> Any:
             assert states is not None and rows is not None, "a recurrent layer needs its state rows"
-            return StateCache(states, kind.index, rows)
+            return state_cache_class(kind.base)(states, kind.index, rows)
 
         def native(kind: NativeLayer) -> Any:
             assert self.native is not None and rows is not None and len(rows.slots) == 1
@@ -182,8 +210,8 @@ class LayerCaches:
         caches, for the runner to evaluate with the step (else their graphs would grow step by step)."""
         pending: list[mx.array] = []
         for cache in caches:
-            for leaf in cache.caches if isinstance(cache, CacheList) else (cache,):
-                if isinstance(leaf, StateCache):
+            for leaf in cache.caches if is_cache_list(cache) else (cache,):
+                if isinstance(leaf, StateRowsMixin):
                     leaf.write_back()
                 elif not isinstance(leaf, PagedLayerCache):
                     flat = tree_flatten(leaf.state)
@@ -200,7 +228,7 @@ def _leaves(kinds: list[Kind] | tuple[Kind, ...]) -> list[KvLayer | StateLayer |
 
 def _build(kind: Kind, kv: Any, state: Any, native: Any) -> Any:
     if isinstance(kind, ListLayer):
-        return CacheList(*(_build(k, kv, state, native) for k in kind.parts))
+        return kind.cls(*(_build(k, kv, state, native) for k in kind.parts))
     if isinstance(kind, KvLayer):
         return kv(kind)
     return state(kind) if isinstance(kind, StateLayer) else native(kind)
@@ -217,12 +245,12 @@ def _growing_states(model: nn.Module, template: list[Any]) -> set[int]:
     return {id(t) for t, a, b in zip(_arrays_caches(template), shapes[0], shapes[1]) if a != b}
 
 
-def _arrays_caches(caches: list[Any]) -> list[ArraysCache]:
-    out: list[ArraysCache] = []
+def _arrays_caches(caches: list[Any]) -> list[Any]:
+    out: list[Any] = []
     for cache in caches:
-        if isinstance(cache, CacheList):
+        if is_cache_list(cache):
             out += _arrays_caches(list(cache.caches))
-        elif isinstance(cache, ArraysCache):
+        elif is_arrays_cache(cache):
             out.append(cache)
     return out
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from engine.core.scheduler import ScheduledRequest, SchedulerPlan
 from engine.messages import ComputePaths
-from engine.models.vision_model import model_inputs
+from engine.models.vision_inputs import model_inputs
 from engine.runner.backends import Choice
 from engine.runner.layer_caches import LayerCaches
 from engine.runner.paged_attention import StepLayout

@@ -63,8 +63,13 @@ class StateStorage:
         return [None if p is None else rows.take(p) for p in self.pools[layer]]
 
     def write(self, layer: int, rows: StateRows, arrays: list[mx.array | None]) -> None:
+        """Saves the forward's states. An array the model left unset stays as it was, except for rows
+        that started fresh: their slot may hold a finished request's state, which must not leak into a
+        later chunk (ZAYA1-VL sets its second conv array only at decode)."""
         pools = self.pools[layer]
         for j, (pool, new) in enumerate(zip(pools, arrays)):
+            if pool is not None and new is None and rows.all_fresh:
+                new = mx.zeros((len(rows.slots), *pool.shape[1:]), dtype=pool.dtype)
             if pool is None or new is None:
                 continue
             assert new.shape[1:] == pool.shape[1:], f"state {j} of layer {layer} changed shape"

@@ -1,7 +1,8 @@
-"""Images end to end: a second app serves a tiny random-weight VLM (tests/tiny_vlm.py: SmolVLM, then
-Qwen2-VL with M-RoPE) beside the session app, at route prefix /vlm; the real openai and anthropic SDKs
-send images through it (data: URLs, base64 blocks, http URLs, /v1/responses input_image), and the 400
-cases (text-only model, non-image bytes, too many images, file:// URL) come back clean."""
+"""Images end to end: a second app serves a tiny random-weight VLM (tests/tiny_vlms/core.py: Gemma 3,
+then Qwen3-VL with M-RoPE and DeepStack) beside the session app, at route prefix /vlm; the real openai and
+anthropic SDKs send images through it (data: URLs, base64 blocks, http URLs, /v1/responses input_image),
+8 concurrent requests with different pictures answer as they do one at a time, and the 400 cases
+(text-only model, non-image bytes, too many images, file:// URL) come back clean."""
 
 import base64
 import threading
@@ -11,13 +12,23 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tests.e2e.conftest import _wait_healthy
-from tests.tiny_vlm import IMAGE_SEQ_LEN, build_tiny_qwen2_vl, build_tiny_vlm, png_bytes
+from tests.tiny_vlm import png_bytes
+from tests.tiny_vlms.core import build_gemma3, build_qwen3_vl
 
 pytestmark = pytest.mark.e2e
 
 MAX_IMAGES = 2
-# Image tokens of png_bytes' default 48x40 picture: SmolVLM always 4; Qwen2-VL one per 28x28 of 84x56.
-BUILDERS = {"smolvlm": (build_tiny_vlm, IMAGE_SEQ_LEN), "qwen2_vl": (build_tiny_qwen2_vl, 6)}
+BUILDERS = {"gemma3": build_gemma3, "qwen3_vl": build_qwen3_vl}
+
+
+def _image_tokens(model_dir: str) -> int:
+    """Image tokens of png_bytes' default picture, as the model's processor expands it."""
+    from engine.models.vision_probe import render_user_turn
+    from engine.prompt.image_processor import ImagePreprocessor
+
+    processor = ImagePreprocessor.load(model_dir)
+    ids, _ = processor.process(render_user_turn(processor.processor, "x", 1), [png_bytes(1)], 10**8)
+    return ids.count(processor.image_token_id)
 
 
 @pytest.fixture(scope="module", params=list(BUILDERS))
@@ -27,16 +38,16 @@ def vlm(request, base_url: str, tmp_path_factory) -> Iterator[tuple[str, int]]:
 
     from deployments.app import build_app
 
-    build, image_tokens = BUILDERS[request.param]
-    model_dir = build(tmp_path_factory.mktemp(f"tiny-{request.param}"))
+    model_dir = BUILDERS[request.param](tmp_path_factory.mktemp(f"tiny-{request.param}"), 0)
+    image_tokens = _image_tokens(str(model_dir))
     args = {
         "engine": {
             "model": str(model_dir),
-            "max_num_seqs": 4,
+            "max_num_seqs": 8,
             "kv_cache_memory_bytes": 8 << 20,
             "block_size": 4,
         },
-        "scheduler": {"num_cpus": 0.1, "num_threads": 1, "max_ongoing_requests": 8},
+        "scheduler": {"num_cpus": 0.1, "num_threads": 1, "max_ongoing_requests": 16},
         "tokenizer": {"num_cpus": 0.1},
         "ingress": {"num_cpus": 0.1},
         "embedder": {"enabled": False},
@@ -86,6 +97,38 @@ def test_openai_sdk_sends_a_data_url_image(vlm):
     # The processor expanded the image into its image tokens (plus wrapper tokens).
     assert with_image.usage.prompt_tokens >= text_only.usage.prompt_tokens + image_tokens
     assert with_image.usage.completion_tokens == 6 and with_image.choices[0].message.content
+
+
+def test_models_list_the_vision_model_with_its_modalities(vlm_url, base_url):
+    card = _openai(vlm_url).models.list().data[0]
+    assert card.model_extra["input_modalities"] == ["text", "image"]
+    text_card = _openai(base_url).models.list().data[0]
+    assert text_card.model_extra["input_modalities"] == ["text"]
+
+
+def test_eight_concurrent_pictures_answer_as_one_at_a_time(vlm_url):
+    from concurrent.futures import ThreadPoolExecutor
+
+    client = _openai(vlm_url)
+
+    def ask(seed: int) -> list:
+        reply = client.chat.completions.create(
+            model="default",
+            messages=_image_message(_data_url(png_bytes(100 + seed, (40 + 8 * seed, 48)))),
+            max_tokens=8,
+            temperature=0,
+            logprobs=True,
+            extra_body={"ignore_eos": True},
+        )
+        return [(t.token, t.logprob) for t in reply.choices[0].logprobs.content]
+
+    alone = [ask(seed) for seed in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(ask, range(8)))
+    for one, batched in zip(alone, together):
+        assert [t for t, _ in batched] == [t for t, _ in one]
+        assert [lp for _, lp in batched] == pytest.approx([lp for _, lp in one], abs=2e-3)
+    assert len({tuple(answer) for answer in alone}) == 8  # each picture reaches its answer
 
 
 def test_openai_stream_with_an_image(vlm_url):

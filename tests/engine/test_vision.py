@@ -7,7 +7,6 @@ from engine.core.vision_state import vision_state
 from engine.errors import InvalidRequestError
 from engine.llm_engine import LLMEngine
 from engine.messages import GenerateRequest, ImageInputs, SamplingParams
-from engine.models.vision_model import UnsupportedVisionModelError, load_vision_model
 from engine.prompt.image_processor import ImagePreprocessor
 
 import mlx.core as mx
@@ -40,7 +39,7 @@ def _reference_greedy(llm: LLMEngine, ids: list[int], images: ImageInputs, max_t
     """mlx-vlm's own path: the whole prompt's merged embeddings through its language model and KV cache."""
     model = llm.runner.model
     cache = [KVCache() for _ in model.layers]
-    embeds = model.prompt_embeddings(ids, images)
+    embeds = model.features(ids, images.pixel_values, images.extras)["inputs_embeds"]
     logits = model.language_model(mx.array([ids]), inputs_embeds=embeds, cache=cache).logits
     tokens = []
     for _ in range(max_tokens):
@@ -121,13 +120,8 @@ def test_text_only_model_refuses_images(llm):
 
 def test_block_key_marks_only_blocks_with_image_tokens():
     images = ImageInputs(np.zeros((1,), np.float32), {}, "abc", 1)
-    state = vision_state([5, 5, 9, 9, 5, 5], images, image_token_id=9)
+    state = vision_state([5, 5, 9, 9, 5, 5], images, True, image_token_id=9)
     assert state.block_key(0, 2) is None and state.block_key(4, 6) is None
     assert state.block_key(2, 4) is not None and state.block_key(0, 3) == state.block_key(2, 4)
     with pytest.raises(InvalidRequestError, match="no image tokens"):
-        vision_state([5, 5], images, image_token_id=9)
-
-
-def test_unserved_vision_architectures_are_refused_with_the_served_ones(tmp_path):
-    with pytest.raises(UnsupportedVisionModelError, match="'qwen3_vl' is not served.*smolvlm.*qwen2_vl"):
-        load_vision_model(str(tmp_path), {"model_type": "qwen3_vl"}, mx.float32, set_dtype=True)
+        vision_state([5, 5], images, True, image_token_id=9)

@@ -71,7 +71,8 @@ def run(
             if request.request_id in added and not request.is_finished:
                 scheduler.finish(request)
         plan = scheduler.schedule()
-        assert plan.num_batched_tokens <= scheduler.max_num_batched_tokens
+        whole_alone = len(plan.scheduled) == 1 and plan.scheduled[0].request.prefill_whole
+        assert plan.num_batched_tokens <= scheduler.max_num_batched_tokens or whole_alone
         assert len(scheduler.running) <= scheduler.max_num_seqs
         sampled = runner.execute(plan, pending)
         if pipelined:
@@ -125,6 +126,35 @@ def test_preemption_recomputes_and_output_is_unchanged(pipelined: bool):
     for r in requests:
         assert r.output_token_ids == reference(r.prompt_token_ids, 10)
     assert pool.num_free == 12
+
+
+def test_whole_prompt_requests_take_the_prompt_in_one_chunk_and_later_tokens_one_by_one(pipelined: bool):
+    """Prefix-LM models (PaliGemma): the prompt attends bidirectionally, so it is never split, even over
+    the step's budget, and a recompute after preemption adds its outputs one per step."""
+    pool, scheduler = make(num_blocks=9, budget=8)
+    prompts = [list(range(i, i + n)) for i, n in enumerate((5, 20, 9, 7, 11))]
+    requests = [Request(f"w{i}", p, SamplingParams(), 8, prefill_whole=True) for i, p in enumerate(prompts)]
+    requests.append(Request("chunked", list(range(50, 69)), SamplingParams(), 8))
+    chunks: list[tuple[Request, int, int]] = []
+    schedule = scheduler.schedule
+
+    def recording() -> SchedulerPlan:
+        plan = schedule()
+        chunks.extend((s.request, s.start, s.num_new_tokens) for s in plan.scheduled)
+        return plan
+
+    scheduler.schedule = recording  # type: ignore[method-assign]
+    run(scheduler, requests, {0: requests[:3], 2: requests[3:]}, pipelined=pipelined)
+    assert scheduler.num_preemptions > 0
+    for request, start, num_new in chunks:
+        if request.prefill_whole and start < request.num_prompt_tokens:
+            assert (start, num_new) == (0, request.num_prompt_tokens)
+        elif request.prefill_whole:
+            assert num_new == 1
+    assert any(r.request_id == "chunked" and 0 < n < 19 for r, _, n in chunks)  # others still chunk
+    for r in requests:
+        assert r.output_token_ids == reference(r.prompt_token_ids, 8)
+    assert pool.num_free == 9
 
 
 def test_prefix_hits_share_blocks_and_skip_compute(pipelined: bool):
