@@ -71,6 +71,7 @@ class VisionLanguageModel:
         self.summary = ""  # for /v1/status: the model's vision inputs and its encoder cache
         # The prompt attends bidirectionally (prefix-LM): one chunk, given every input mlx-vlm gives it.
         self.whole_prompt = False
+        self.preprocessor: Any = None  # the load probe's ImagePreprocessor, for callers in this process
         embedding = token_embedding(self.language_model)
         weight = getattr(embedding, "weight", None)
         self.args = SimpleNamespace(vocab_size=weight.shape[0] if weight is not None else None)

@@ -47,7 +47,7 @@ def probe_features(model: Any, path: str) -> tuple[list[int], Any, dict[str, Any
     """A one-image prompt's ids and images, and the fields `get_input_embeddings` returns for it."""
     from engine.prompt.image_processor import ImagePreprocessor
 
-    preprocessor = ImagePreprocessor.load(path)
+    preprocessor = model.preprocessor = ImagePreprocessor.load(path)
     text = render_user_turn(preprocessor.processor, PROBE_TEXT, 1)
     ids, images = preprocessor.process(text, [probe_picture()], max_pixels=10**8)
     return ids, images, model.features(ids, images.pixel_values, images.extras)

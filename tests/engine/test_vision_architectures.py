@@ -28,7 +28,7 @@ from tests.vision_architectures import (
     installed_vision_architectures,
 )
 
-NUM_TOKENS = 10
+NUM_TOKENS = 8
 GREEDY = SamplingParams(max_tokens=NUM_TOKENS, temperature=0.0, ignore_eos=True, logprobs=0)
 TEXT = "Describe the picture."
 
@@ -80,9 +80,9 @@ def test_engine_equals_mlx_vlm(model_type, tmp_path_factory):
     from mlx_vlm.utils import load_model
 
     reference = load_model(Path(path))
-    processor = ImagePreprocessor.load(path)
     one, other, two = [png_bytes(1)], [png_bytes(2)], [png_bytes(1), png_bytes(3, (40, 56))]
     llm = _engine(path, 512)
+    processor = llm.runner.model.preprocessor  # the one the load probe used
     expected = _mlx_vlm(reference, processor, one)
     _assert_same(first := _engine_run(llm, processor, one), expected)
     _assert_same(other_run := _engine_run(llm, processor, other), _mlx_vlm(reference, processor, other))
