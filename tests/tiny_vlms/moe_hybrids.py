@@ -46,6 +46,17 @@ def _mimo_v2_text(vocab_size: int) -> dict:
     }
 
 
+# The audio encoder is built whatever the prompt holds: its defaults write 1 GB of weights.
+_MIMO_AUDIO = {
+    "out_hidden_size": 64,
+    "input_local_attn_heads": 2,
+    "input_local_dim": 32,
+    "input_local_head_dim": 16,
+    "input_local_intermediate_size": 64,
+    "input_local_layers": 1,
+}
+
+
 def build_mimo_v2(out: Path, seed: int) -> Path:
     tokenizer = save_tokenizer(out, QWEN_TOKENS + ["<|audio_pad|>"], chat_template(QWEN_IMAGE))
     vision = {
@@ -64,6 +75,7 @@ def build_mimo_v2(out: Path, seed: int) -> Path:
         **_mimo_v2_text(len(tokenizer)),
         "model_type": "mimo_v2",
         "vision_config": vision,
+        "audio_config": _MIMO_AUDIO,
         **ids,
         "eos_token_id": ids["eos_token_id"][0],
     }
