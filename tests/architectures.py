@@ -263,6 +263,9 @@ ARCHITECTURES: dict[str, dict] = {
         "index_head_dim": 32,
         "index_topk": 4,
         "hc_mult": 4,
+        # The hyper-connections' Sinkhorn loop runs as 3 small MLX ops per half-iteration on the CPU:
+        # 3 iterations instead of the default 20 make a forward 2.8x faster, and the loop still runs.
+        "hc_sinkhorn_iters": 3,
     },
     "dots1": {
         "model_type": "dots1",
