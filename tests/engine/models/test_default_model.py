@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine.config import DEFAULT_MODEL
+from engine.config import DEFAULT_MODEL, DEFAULT_MODEL_8BIT
 from engine.models.default_model import bundled_gguf_path, resolve_model_path
 
 import gguf
@@ -21,6 +21,7 @@ import mlx_lm
 import numpy as np
 import pytest
 from gguf.quants import dequantize
+from mlx import nn
 
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -65,7 +66,9 @@ def test_build_is_complete_and_reused(model_dir: Path):
 def test_other_names_pass_through_unchanged():
     assert resolve_model_path("mlx-community/SmolLM2-135M-Instruct") == "mlx-community/SmolLM2-135M-Instruct"
     assert resolve_model_path("/models/my-llama") == "/models/my-llama"
-    with pytest.raises(ValueError, match="only bundled model"):
+    with pytest.raises(
+        ValueError, match="bundled models are 'bundled:smollm2-135m-instruct' and 'bundled:smollm2"
+    ):
         resolve_model_path("bundled:nope")
     with pytest.raises(ValueError, match="dtype"):
         resolve_model_path(DEFAULT_MODEL, dtype="auto")
@@ -190,4 +193,115 @@ def test_concurrent_first_builds_build_once(tmp_path: Path):
     assert sum("Building smollm2" in err.decode() for _, err in results) == 1
     weights = mx.load(str(tmp_path / "models" / "smollm2-135m-instruct-float16" / "model.safetensors"))
     assert weights["model.layers.0.self_attn.q_proj.weight"].dtype == mx.float16
+    assert not list((tmp_path / "models").glob(".*.tmp*"))
+
+
+# ---- the 8-bit copy ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model_8bit_dir(model_dir: Path) -> Path:  # model_dir first: the float32 build it is quantized from
+    return Path(resolve_model_path(DEFAULT_MODEL_8BIT))
+
+
+@pytest.fixture(scope="module")
+def loaded_8bit(model_8bit_dir: Path):
+    return mlx_lm.load(str(model_8bit_dir))
+
+
+def test_8bit_build_is_complete_and_reused(model_8bit_dir: Path, model_dir: Path):
+    assert model_8bit_dir.name == "smollm2-135m-instruct-8bit-float32"
+    names = {p.name for p in model_8bit_dir.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= names
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (model_8bit_dir / name).read_bytes() == (model_dir / name).read_bytes()
+    config = json.loads((model_8bit_dir / "config.json").read_text())
+    assert config["quantization"] == {"group_size": 64, "bits": 8, "mode": "affine"}
+    # About a quarter of the float32 weights: 8 bits plus a float32 scale and bias per 64 weights.
+    ratio = (model_8bit_dir / "model.safetensors").stat().st_size / (
+        model_dir / "model.safetensors"
+    ).stat().st_size
+    assert 0.25 < ratio < 0.3, ratio
+    before = (model_8bit_dir / "model.safetensors").stat().st_mtime_ns
+    start = time.perf_counter()
+    assert Path(resolve_model_path(DEFAULT_MODEL_8BIT)) == model_8bit_dir
+    assert time.perf_counter() - start < 0.5
+    assert (model_8bit_dir / "model.safetensors").stat().st_mtime_ns == before
+    assert not list(model_8bit_dir.parent.glob(f".{model_8bit_dir.name}.tmp*"))
+
+
+def test_8bit_layers_are_quantized_and_the_rest_stays_float32(loaded_8bit):
+    model, _ = loaded_8bit
+    modules = dict(model.named_modules())
+    linears = {name: m for name, m in modules.items() if isinstance(m, nn.Linear | nn.QuantizedLinear)}
+    assert len(linears) == 30 * 7  # q, k, v, o, gate, up, down in each of the 30 layers
+    assert all(isinstance(m, nn.QuantizedLinear) for m in linears.values())
+    assert {(m.bits, m.group_size) for m in linears.values()} == {(8, 64)}
+    embed = modules["model.embed_tokens"]  # tied: it is the output projection too
+    assert isinstance(embed, nn.QuantizedEmbedding) and (embed.bits, embed.group_size) == (8, 64)
+    layer = model.model.layers[0]
+    assert layer.input_layernorm.weight.dtype == mx.float32
+    assert layer.self_attn.q_proj.scales.dtype == mx.float32
+
+
+def test_8bit_weights_round_to_the_float32_ones(loaded_8bit, model_dir: Path):
+    model, _ = loaded_8bit
+    name = "model.layers.3.mlp.down_proj"
+    layer = dict(model.named_modules())[name]
+    restored = mx.dequantize(layer.weight, layer.scales, layer.biases, group_size=64, bits=8)
+    weights = mx.load(str(model_dir / "model.safetensors"))
+    assert isinstance(weights, dict)
+    original = weights[f"{name}.weight"]
+    steps = mx.abs(restored - original).reshape(original.shape[0], -1, 64) / mx.abs(layer.scales)[..., None]
+    # MLX shifts a group's grid so that zero is exact, which may cost a group's ends up to one step;
+    # rounding to the nearest step leaves a quarter of a step on average.
+    assert float(mx.max(steps)) <= 1.001
+    assert 0.2 < float(mx.mean(steps)) < 0.3
+
+
+def _greedy_ids(loaded, max_tokens: int) -> list[int]:
+    model, tokenizer = loaded
+    prompt = tokenizer.apply_chat_template(CHAT, add_generation_prompt=True)
+    return [r.token for r in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=max_tokens)]
+
+
+def test_8bit_greedy_answer_agrees_with_float32(loaded, loaded_8bit):
+    reference, quantized = _greedy_ids(loaded, 12), _greedy_ids(loaded_8bit, 12)
+    tokenizer = loaded[1]
+    print(f"float32: {tokenizer.decode(reference)!r}\n8-bit:   {tokenizer.decode(quantized)!r}")
+    agreed = next((i for i, (a, b) in enumerate(zip(reference, quantized)) if a != b), len(reference))
+    # The float32 answer ends after 8 tokens ("The capital of France is Paris.<|im_end|>").
+    assert agreed >= min(6, len(reference)), (reference, quantized)
+    assert "Paris" in tokenizer.decode(quantized)
+
+
+def test_concurrent_first_8bit_builds_build_once(tmp_path: Path, model_dir: Path):
+    # The float32 build is linked in, so only the quantization runs here.
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / model_dir.name).symlink_to(model_dir)
+    script = (
+        "import engine, logging, sys\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "from engine.models.default_model import resolve_model_path\n"
+        "print(resolve_model_path(sys.argv[1]))\n"
+    )
+    env = {**os.environ, "MLX_RAY_SERVE_CACHE": str(tmp_path)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, DEFAULT_MODEL_8BIT],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(2)
+    ]
+    results = [proc.communicate(timeout=120) for proc in procs]
+    assert all(proc.returncode == 0 for proc in procs), [err.decode()[-2000:] for _, err in results]
+    target = tmp_path / "models" / "smollm2-135m-instruct-8bit-float32"
+    assert {out.decode().strip() for out, _ in results} == {str(target)}
+    assert (
+        sum("Building the default model smollm2-135m-instruct-8bit" in err.decode() for _, err in results)
+        == 1
+    )
+    assert json.loads((target / "config.json").read_text())["quantization"]["bits"] == 8
     assert not list((tmp_path / "models").glob(".*.tmp*"))
