@@ -54,27 +54,31 @@ _HISTOGRAMS = {
 }
 
 
-def render_metrics(model_name: str, stats: EngineStats) -> str:
-    return "".join(_lines(_labels(model_name=model_name), stats))
+def render_metrics(models: list[tuple[str, EngineStats]]) -> str:
+    """Every model's series under each metric's one HELP/TYPE header, told apart by `model_name`."""
+    return "".join(_lines([(_labels(model_name=name), stats) for name, stats in models]))
 
 
-def _lines(labels: str, stats: EngineStats) -> Iterator[str]:
+def _lines(series: list[tuple[str, EngineStats]]) -> Iterator[str]:
     for name, (help_text, attr) in _GAUGES.items():
         yield from _header(name, "gauge", help_text)
-        yield f"{name}{{{labels}}} {_number(getattr(stats, attr))}\n"
+        yield from (f"{name}{{{labels}}} {_number(getattr(stats, attr))}\n" for labels, stats in series)
     yield from _header("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.")
-    yield f"vllm:kv_cache_usage_perc{{{labels}}} {_number(kv_cache_usage(stats))}\n"
+    for labels, stats in series:
+        yield f"vllm:kv_cache_usage_perc{{{labels}}} {_number(kv_cache_usage(stats))}\n"
     for name, (help_text, attr) in _COUNTERS.items():
         yield from _header(f"{name}_total", "counter", help_text)
-        yield f"{name}_total{{{labels}}} {_number(getattr(stats, attr))}\n"
-    yield from _request_success(labels, stats.num_requests_by_finish_reason)
+        yield from (f"{name}_total{{{labels}}} {_number(getattr(stats, attr))}\n" for labels, stats in series)
+    yield from _header("vllm:request_success_total", "counter", "Count of successfully processed requests.")
+    for labels, stats in series:
+        yield from _request_success(labels, stats.num_requests_by_finish_reason)
     for name, (help_text, attr) in _HISTOGRAMS.items():
         yield from _header(name, "histogram", help_text)
-        yield from _histogram(name, labels, getattr(stats, attr))
+        for labels, stats in series:
+            yield from _histogram(name, labels, getattr(stats, attr))
 
 
 def _request_success(labels: str, by_reason: dict[str, int]) -> Iterator[str]:
-    yield from _header("vllm:request_success_total", "counter", "Count of successfully processed requests.")
     for reason in sorted(set(_FINISH_REASONS) | by_reason.keys()):
         reason_label = _labels(finished_reason=reason)
         yield f"vllm:request_success_total{{{labels},{reason_label}}} {by_reason.get(reason, 0)}\n"

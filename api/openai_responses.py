@@ -127,11 +127,13 @@ class ModelCard(_Response):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "mlx-ray-serve"
-    root: str
-    max_model_len: int
+    root: str  # what it was loaded from: a directory, hub id or bundled name (vLLM's `root`)
+    max_model_len: int | None  # None: an on-demand model that never ran and has no configured length
     # What the model takes and gives (OpenRouter's architecture fields): "text", "image"; "embedding".
     input_modalities: list[str] = ["text"]
     output_modalities: list[str] = ["text"]
+    # "loaded", "loading", "cold" (on demand, no replica) or "failed" (it cannot start)
+    state: str | None = None
 
 
 class ModelList(_Response):

@@ -61,7 +61,7 @@ async def response_events(
     echo: dict[str, Any],
     state: ChoiceState,
     batches: Batches,
-    on_finished: Callable[[list[OutputItem]], None],
+    on_finished: Callable[[list[OutputItem]], Awaitable[None]],
     parsing: OutputParsing | None = None,
     parallel: bool = True,
     names: ToolNames | None = None,
@@ -86,7 +86,7 @@ async def _message_events(
     echo: dict[str, Any],
     state: ChoiceState,
     batches: Batches,
-    on_finished: Callable[[list[OutputItem]], None],
+    on_finished: Callable[[list[OutputItem]], Awaitable[None]],
     token_texts: TokenTexts | None,
 ) -> AsyncIterator[str]:
     event = _Sequencer()
@@ -109,7 +109,7 @@ async def _message_events(
         yield _failed_event(event, meta, echo, _stream_error(exc))
         return
     final = finished_response(meta, echo, state, logprobs=logprobs.rendered)
-    on_finished(final.output)
+    await on_finished(final.output)
     for frame in _closing_events(event, meta, state, final, logprobs.rendered):
         yield frame
 
@@ -139,7 +139,7 @@ async def _parsed_events(
     echo: dict[str, Any],
     state: ChoiceState,
     batches: Batches,
-    on_finished: Callable[[list[OutputItem]], None],
+    on_finished: Callable[[list[OutputItem]], Awaitable[None]],
     parsing: OutputParsing,
     framing: tuple[_Sequencer, OutputItems],  # the items frame their events with the sequencer
 ) -> AsyncIterator[str]:
@@ -158,7 +158,7 @@ async def _parsed_events(
         yield _failed_event(event, meta, echo, _stream_error(exc))
         return
     final = finished_response(meta, echo, state, items.output)
-    on_finished(final.output)
+    await on_finished(final.output)
     for frame in closing:
         yield frame
     yield event(f"response.{final.status}", response=final.dump())

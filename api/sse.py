@@ -93,4 +93,13 @@ class EventStreamResponse(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self._on_close()
+            self.close()
+
+    def close(self) -> None:
+        """Lets go of what the frames hold (once), also for a response that never ran."""
+        on_close, self._on_close = self._on_close, _nothing
+        on_close()
+
+
+def _nothing() -> None:
+    pass

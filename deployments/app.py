@@ -1,7 +1,8 @@
 """The one builder: validates the app's args (serve_config.yaml) and wires the deployments.
 
-Owns the Ray Serve options of every deployment and the reasons for their values; nothing else.
-`serve run serve_config.yaml` calls `build_app(args)`.
+Owns the app's config (one model, or a `models:` list: deployments/model_config.py) and the wiring;
+deployments/options.py owns each deployment's Ray Serve options. `serve run serve_config.yaml` calls
+`build_app(args)`.
 
 Ray 2.60 defaults that bite, and what is set here instead:
 - `max_ongoing_requests` defaults to 5 per replica. On the Scheduler that would cap the engine's batch
@@ -28,7 +29,7 @@ from typing import Any
 
 from engine.config import EngineConfig
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 from ray.serve import Application, Deployment
 
 from api.config import CompatibilityConfig, LimitsConfig, SecurityConfig
@@ -36,72 +37,43 @@ from api.reasoning_parsers import check_name as check_reasoning_name
 from api.tool_parsers import canonical_name
 from deployments.embedder import Embedder
 from deployments.ingress import Ingress
+from deployments.model_config import ModelEntry, check_names, deployment_suffix
+from deployments.options import (
+    DeploymentOptions,
+    EmbedderOptions,
+    IngressOptions,
+    ResponseStoreOptions,
+    SchedulerOptions,
+    Strict,
+)
+from deployments.response_store import ResponseStoreServer
 from deployments.scheduler import Scheduler
+from deployments.served_model import ModelSpec
 from deployments.step_loop import HEARTBEAT_S
 from deployments.tokenizer import Tokenizer
 
-# How often a stopping replica checks whether its open requests have finished (Ray's default: 2 s).
-_SHUTDOWN_POLL_S = 0.5
+# The single-model form's settings: with `models:` they go inside an entry instead.
+_SINGLE_MODEL_FIELDS = (
+    "engine",
+    "scheduler",
+    "tokenizer",
+    "embedder",
+    "tool_call_parser",
+    "reasoning_parser",
+)
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class DeploymentOptions(_Strict):
-    num_replicas: int = Field(1, ge=1, description="Replicas of this deployment.")
-    num_cpus: float = Field(0.25, ge=0, description="CPU reserved per replica (fractions allowed).")
-    max_ongoing_requests: int = Field(64, ge=1, description="Requests one replica serves at once.")
-    graceful_shutdown_timeout_s: float = Field(
-        5.0,
-        ge=0,
-        description="When a replica stops (Ctrl-C on `serve run`, `serve shutdown`, a smaller num_replicas), "
-        "how long its open requests may still run; Ray Serve's own default is 20 s per deployment.",
-    )
-
-    def actor_options(self, **extra: Any) -> dict[str, Any]:
-        return {
-            "num_replicas": self.num_replicas,
-            "max_ongoing_requests": self.max_ongoing_requests,
-            "graceful_shutdown_timeout_s": self.graceful_shutdown_timeout_s,
-            "graceful_shutdown_wait_loop_s": _SHUTDOWN_POLL_S,
-            "ray_actor_options": {"num_cpus": self.num_cpus, **extra},
-        }
-
-
-class SchedulerOptions(DeploymentOptions):
-    num_cpus: float = Field(1.0, ge=0, description="CPU reserved per replica; the engine is the hot path.")
-    max_ongoing_requests: int = Field(
-        128,
-        ge=1,
-        description="Open streams per replica; beyond max_num_seqs they wait in the engine's queue.",
-    )
-    num_threads: int | None = Field(
-        None, ge=1, description="BLAS threads per replica; default: engine/platform/blas.py's cpu_count - 1."
-    )
-
-    def runtime_env(self) -> dict[str, Any]:
-        if self.num_threads is None:
-            return {}
-        threads = str(self.num_threads)
-        return {"env_vars": {"OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}}
-
-    def actor_options(self, **extra: Any) -> dict[str, Any]:
-        env = self.runtime_env()
-        return super().actor_options(**extra, **({"runtime_env": env} if env else {}))
-
-
-class IngressOptions(DeploymentOptions):
-    max_ongoing_requests: int = Field(256, ge=1, description="Open HTTP requests (streams) per replica.")
-
-
-class EmbedderOptions(DeploymentOptions):
+class SingleEmbedderOptions(EmbedderOptions):
     enabled: bool = Field(True, description="Serve /v1/embeddings (loads a second, small model).")
     model: str | None = Field(None, description="Embedding model; None: the bundled all-MiniLM-L6-v2.")
-    max_ongoing_requests: int = Field(16, ge=1, description="Requests one replica serves at once.")
 
 
-class AppConfig(_Strict):
+class AppConfig(Strict):
+    models: list[ModelEntry] | None = Field(
+        None,
+        description="The served models (deployments/model_config.py), the first text model being "
+        "'default'. Without it the single-model fields below describe one text model plus the embedder.",
+    )
     engine: EngineConfig = Field(default_factory=EngineConfig)
     stream_interval_s: float = Field(
         0.02, ge=0, le=1, description="Least time between two batches of one stream; 0: a batch per step."
@@ -117,14 +89,18 @@ class AppConfig(_Strict):
     stream_keepalive_s: float = Field(
         HEARTBEAT_S,
         gt=0,
-        description="A stream whose request waits for a slot (queued, or preempted for KV blocks) gets "
-        "an SSE comment line this often once its Scheduler confirms it still holds the request, so "
-        "that proxies and clients with read timeouts keep it open. SSE clients skip comments.",
+        description="A stream whose request waits for a slot (queued, or preempted for KV blocks, or for "
+        "an on-demand model's first replica) gets an SSE comment line this often, so that proxies and "
+        "clients with read timeouts keep it open. SSE clients skip comments.",
     )
     scheduler: SchedulerOptions = Field(default_factory=SchedulerOptions)
     tokenizer: DeploymentOptions = Field(default_factory=DeploymentOptions)
-    embedder: EmbedderOptions = Field(default_factory=EmbedderOptions)
+    embedder: SingleEmbedderOptions = Field(default_factory=SingleEmbedderOptions)
     ingress: IngressOptions = Field(default_factory=IngressOptions)
+    response_store: ResponseStoreOptions = Field(
+        default_factory=ResponseStoreOptions,
+        description="The app's one store of responses for previous_response_id, shared by Ingress replicas.",
+    )
     security: SecurityConfig = Field(
         default_factory=SecurityConfig, description="API keys and CORS; fields in api/config.py."
     )
@@ -159,23 +135,34 @@ class AppConfig(_Strict):
         return None if name is None else check_reasoning_name(name)
 
     @model_validator(mode="after")
-    def _check_scheduler_slots(self) -> AppConfig:
-        if self.scheduler.max_ongoing_requests < self.engine.max_num_seqs:
-            raise ValueError(
-                f"scheduler.max_ongoing_requests {self.scheduler.max_ongoing_requests} is below "
-                f"engine.max_num_seqs {self.engine.max_num_seqs}, so Ray Serve would cap the batch; "
-                "raise it or lower max_num_seqs"
-            )
-        waiting = self.engine.max_waiting_requests
-        if waiting is not None and self.scheduler.max_ongoing_requests <= self.engine.max_num_seqs + waiting:
-            # Ray Serve queues whatever is past max_ongoing_requests in its router, unbounded and unseen
-            # by the engine, so the engine's bound (and its 503/529) would never be reached.
-            raise ValueError(
-                f"scheduler.max_ongoing_requests {self.scheduler.max_ongoing_requests} must exceed "
-                f"engine.max_num_seqs + engine.max_waiting_requests ({self.engine.max_num_seqs} + {waiting}), "
-                "or Ray Serve queues requests before the engine's waiting-queue bound refuses them"
-            )
+    def _one_form(self) -> AppConfig:
+        if self.models is not None:
+            both = [name for name in _SINGLE_MODEL_FIELDS if name in self.model_fields_set]
+            if both:
+                raise ValueError(f"with `models:`, {both} go inside a model's entry (docs/scaling.md)")
+            if not self.models:
+                raise ValueError("models is empty; list at least one text model")
+        check_names(self.entries())
         return self
+
+    def entries(self) -> list[ModelEntry]:
+        """The served models; the single-model form is a one-entry list, plus its embedder."""
+        if self.models is not None:
+            return self.models
+        engine = self.engine.model_dump(exclude={"model", "served_model_name"}, exclude_unset=True)
+        text = ModelEntry(
+            model=self.engine.model,
+            served_model_name=self.engine.served_model_name,
+            engine=engine,
+            deployment=self.scheduler.model_dump(exclude_unset=True),
+            tokenizer=self.tokenizer,
+            tool_call_parser=self.tool_call_parser,
+            reasoning_parser=self.reasoning_parser,
+        )
+        if not self.embedder.enabled:
+            return [text]
+        options = self.embedder.model_dump(exclude={"enabled", "model"}, exclude_unset=True)
+        return [text, ModelEntry(model=self.embedder.model, kind="embedding", deployment=options)]
 
 
 def _deployment(decorated: type) -> Deployment:
@@ -184,33 +171,80 @@ def _deployment(decorated: type) -> Deployment:
     return decorated
 
 
+class _Builder:
+    """Binds one Scheduler per text/vision model, one Tokenizer per tokenizer family, one Embedder per
+    embedding model. The single-model form keeps the plain names Scheduler, Tokenizer and Embedder."""
+
+    def __init__(self, config: AppConfig):
+        self._config = config
+        self._suffixed = config.models is not None
+        self._tokenizers: dict[str, tuple[str, Application]] = {}
+
+    def _name(self, kind: str, key: str) -> str:
+        return f"{kind}-{deployment_suffix(key)}" if self._suffixed else kind
+
+    def spec(self, entry: ModelEntry) -> ModelSpec:
+        spec = ModelSpec(
+            entry.model_id(), entry.names(), entry.kind, entry.source(), entry.max_model_len(),
+            entry.on_demand is not None, tool_call_parser=entry.tool_call_parser,
+            reasoning_parser=entry.reasoning_parser,
+        )  # fmt: skip
+        if entry.generates:
+            self._bind_generator(entry, spec)
+        else:
+            name = self._name("Embedder", entry.model_id())
+            options = entry.embedder_options().actor_options(entry.on_demand)
+            spec.embedder = _deployment(Embedder).options(name=name, **options).bind(entry.model)
+            spec.deployment_names = [name]
+        return spec
+
+    def _bind_generator(self, entry: ModelEntry, spec: ModelSpec) -> None:
+        config = self._config
+        engine_args = entry.engine_config().model_dump()
+        name = self._name("Scheduler", entry.model_id())
+        options = entry.scheduler_options().actor_options(entry.on_demand)
+        if "request_router_config" in options:  # the router keys prompts by the engine's blocks
+            options["request_router_config"]["request_router_kwargs"] = {
+                "block_size": entry.engine.block_size
+            }
+        spec.scheduler = (
+            _deployment(Scheduler)
+            .options(name=name, **options)
+            .bind(
+                engine_args,
+                config.stream_interval_s,
+                config.max_stream_batches_per_s,
+                config.stream_keepalive_s,
+                entry.kind == "vision",
+            )
+        )
+        key = entry.tokenizer_key()
+        if key not in self._tokenizers:
+            tokenizer_name = self._name("Tokenizer", entry.model_id())
+            tokenizer_options = entry.tokenizer.actor_options()
+            bound = _deployment(Tokenizer).options(name=tokenizer_name, **tokenizer_options).bind(engine_args)
+            self._tokenizers[key] = (tokenizer_name, bound)
+        tokenizer_name, spec.tokenizer = self._tokenizers[key]
+        spec.deployment_names = [name, tokenizer_name]
+
+
 def build_app(args: dict[str, Any]) -> Application:
     config = AppConfig.model_validate(args or {})
-    engine_args = config.engine.model_dump()
-    scheduler = (
-        _deployment(Scheduler)
-        .options(**config.scheduler.actor_options())
-        .bind(
-            engine_args, config.stream_interval_s, config.max_stream_batches_per_s, config.stream_keepalive_s
-        )
+    builder = _Builder(config)
+    specs = [builder.spec(entry) for entry in config.entries()]
+    store_options = config.response_store
+    store = (
+        _deployment(ResponseStoreServer)
+        .options(name="ResponseStore", **store_options.actor_options())
+        .bind(store_options.max_entries, store_options.ttl_s)
     )
-    tokenizer = _deployment(Tokenizer).options(**config.tokenizer.actor_options()).bind(engine_args)
-    embedder = None
-    if config.embedder.enabled:
-        embedder = (
-            _deployment(Embedder).options(**config.embedder.actor_options()).bind(config.embedder.model)
-        )
     ingress = _deployment(Ingress).options(**config.ingress.actor_options())
-    security = config.security.with_env_keys()
     app: Application = ingress.bind(
-        scheduler,
-        tokenizer,
-        embedder,
-        config.engine.served_model_name,
-        security,
+        specs,
+        store,
+        config.security.with_env_keys(),
         config.limits,
         config.compatibility,
-        tool_call_parser=config.tool_call_parser,
-        reasoning_parser=config.reasoning_parser,
+        config.stream_keepalive_s,
     )
     return app

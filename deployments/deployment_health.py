@@ -70,9 +70,14 @@ def _cause(status: str, message: str) -> str:
     return cause if len(cause) <= _MAX_CAUSE_CHARS else cause[: _MAX_CAUSE_CHARS - 3] + "..."
 
 
-def deployment_down(state: DeploymentState) -> ApiError:
+def deployment_down(state: DeploymentState, model: str | None = None) -> ApiError:
+    subject = (
+        f"the model {model!r} cannot serve: its {state.name} deployment"
+        if model
+        else f"the {state.name} deployment cannot serve:"
+    )
     message = (
-        f"the {state.name} deployment cannot serve: {state.problem} "
+        f"{subject} {state.problem} "
         "Ray Serve keeps retrying; see `serve status` or the Ray dashboard, fix the cause "
         "(serve_config.yaml, the model) and restart `serve run`"
     )
@@ -80,13 +85,17 @@ def deployment_down(state: DeploymentState) -> ApiError:
     return ApiError(503, message, type=SERVER_ERROR, code="deployment_unavailable", headers=headers)
 
 
-def health_body(states: dict[str, DeploymentState]) -> dict[str, Any]:
-    """/health's answer: "ok" when every deployment has a running replica (or is scaled to zero),
-    "unhealthy" while one is down (its problem in `error`), "starting" while one has no replica yet."""
+def health_body(
+    states: dict[str, DeploymentState], on_demand: frozenset[str] | set[str] = frozenset()
+) -> dict[str, Any]:
+    """/health's answer: "ok" when every deployment has a running replica (or is scaled to zero, or is an
+    `on_demand` model's), "unhealthy" while one is down (its problem in `error`), "starting" while one
+    has no replica yet."""
     down = {name: s.problem for name, s in sorted(states.items()) if s.problem}
     starting = [
-        n for n, s in states.items() if s.num_running == 0 and not s.problem and s.status != "HEALTHY"
-    ]
+        n for n, s in states.items()
+        if s.num_running == 0 and not s.problem and s.status != "HEALTHY" and n not in on_demand
+    ]  # fmt: skip
     status = "unhealthy" if down else "starting" if starting or not states else "ok"
     body: dict[str, Any] = {
         "status": status,

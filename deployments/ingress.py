@@ -8,6 +8,8 @@ annotations lose their globals, and FastAPI then took `request: Request` for a q
 """
 
 import asyncio
+import itertools
+from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import replace
 from functools import partial
@@ -26,14 +28,14 @@ from api.anthropic_schemas import CountTokensRequest, MessagesRequest
 from api.body import UnknownFields, parse_body
 from api.choice_state import ChoiceState, Delta
 from api.config import CompatibilityConfig, LimitsConfig, SecurityConfig
+from api.deferred_stream import DeferredEventStream
 from api.error_handlers import install_error_handlers
-from api.errors import ApiError, from_engine_error, model_not_found
+from api.errors import from_engine_error
 from api.guard import GuardMiddleware
 from api.max_tokens import fit_max_tokens
 from api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from api.metrics import render_metrics
 from api.openai_convert import (
-    DEFAULT_MODEL_ALIAS,
     chat_prompt,
     chat_sampling_params,
     check_chat_supported,
@@ -42,7 +44,6 @@ from api.openai_convert import (
     completion_sampling_params,
     embedding_inputs,
     include_usage,
-    resolve_model,
     samples_per_prompt,
 )
 from api.openai_outputs import (
@@ -64,16 +65,19 @@ from api.openai_tools import tool_choice
 from api.openapi import install_openapi, request_body
 from api.output_parser import OutputParser
 from api.responses_schemas import ResponsesRequest
-from api.status import status_body, total_stats
+from api.status import total_stats
 from deployments import chat_generation
 from deployments.anthropic_routes import AnthropicRoutes
 from deployments.deployment_health import DeploymentWatch, health_body, read_serve_status
 from deployments.generation import Generation
-from deployments.messages import ModelInfo
-from deployments.output_parsing import OutputParsers
+from deployments.model_status import model_card, model_status
 from deployments.replica_errors import ProxyGoneMiddleware, install_replica_died_handler
+from deployments.replica_header import ReplicaHeaderMiddleware
 from deployments.replica_stats import gather_stats
+from deployments.response_store import LocalStore, RemoteStore, Store
 from deployments.responses_routes import ResponsesRoutes
+from deployments.served_model import ModelSpec, ModelTable, ServedModel
+from deployments.step_loop import HEARTBEAT_S
 from deployments.watched_handle import WatchedHandle
 
 _STATUS_TIMEOUT_S = 10.0
@@ -91,6 +95,7 @@ def _guard_configs() -> tuple[SecurityConfig, LimitsConfig]:
 
 
 app.add_middleware(GuardMiddleware, configs=_guard_configs)
+app.add_middleware(ReplicaHeaderMiddleware)  # which Ingress replica answered (also for refusals)
 app.add_middleware(ProxyGoneMiddleware)  # outermost: every layer below reads its `receive`
 
 
@@ -107,46 +112,33 @@ async def _collect(generation: Generation, states: list[ChoiceState]) -> None:
 class Ingress:
     def __init__(
         self,
-        scheduler: DeploymentHandle,
-        tokenizer: DeploymentHandle,
-        embedder: DeploymentHandle | None,
-        served_model_name: str | None,
+        models: list[ModelSpec],
+        response_store: DeploymentHandle | None = None,
         security: SecurityConfig | None = None,
         limits: LimitsConfig | None = None,
         compatibility: CompatibilityConfig | None = None,
-        tool_call_parser: str | None = "auto",
-        reasoning_parser: str | None = None,
+        stream_keepalive_s: float = HEARTBEAT_S,
     ):
         self.security = security or SecurityConfig()  # read by api/guard.py via _guard_configs
         self.limits = limits or LimitsConfig()
         self._compatibility = compatibility or CompatibilityConfig()
         self._unknown_fields = UnknownFields(self._compatibility.strict_request_fields)
+        self._keepalive_s = stream_keepalive_s
         # Every call to another deployment fails fast with a 503 while that deployment is down.
         self._watch = DeploymentWatch(partial(read_serve_status, serve.get_replica_context().app_name))
         try:  # from the start, so that a deployment that fails is logged even before any request
             self._watch.ensure_polling()
         except RuntimeError:  # no event loop in this constructor: the first request starts it
             pass
-        scheduler, tokenizer = WatchedHandle(scheduler, self._watch), WatchedHandle(tokenizer, self._watch)
-        self._scheduler = scheduler
-        self._tokenizer = tokenizer
-        self._embedder = WatchedHandle(embedder, self._watch) if embedder is not None else None
-        self._served_model_name = served_model_name
-        self._info: ModelInfo | None = None
-        self._embedding_model: str | None = None
-        self._parsers = OutputParsers(tokenizer, tool_call_parser, reasoning_parser)
-        self._anthropic = AnthropicRoutes(
-            scheduler, tokenizer, self._resolve_model, self._model_info, self._parsers, self._unknown_fields
-        )
+        self._models = ModelTable([ServedModel(spec, self._watch) for spec in models])
+        self._cold_tokens = itertools.count()
+        store: Store = LocalStore()
+        if response_store is not None:
+            store = RemoteStore(WatchedHandle(response_store, self._watch))
+        self._anthropic = AnthropicRoutes(self._generator, self._when_warm, self._unknown_fields)
         self._anthropic.image_limits = self.limits.images
         self._responses = ResponsesRoutes(
-            scheduler,
-            tokenizer,
-            self._resolve_model,
-            self._model_info,
-            self._parsers,
-            self.limits.images,
-            self._unknown_fields,
+            self._generator, self._when_warm, self.limits.images, self._unknown_fields, store
         )
 
     def __del__(self) -> None:  # Ray Serve calls it when it stops the replica
@@ -154,13 +146,16 @@ class Ingress:
 
     @app.get("/health")
     async def health(self) -> JSONResponse:
-        """200 once every deployment has a running replica; 503 while one starts or is down, with why."""
+        """200 once every deployment has a running replica (or is an on-demand model's, scaled to zero);
+        503 while one starts or is down, with why."""
         try:
             states = await asyncio.wait_for(self._watch.refresh(), _STATUS_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001  (the controller itself is unreachable: still an answer)
             reason = f"could not read Ray Serve's deployment status: {type(exc).__name__}: {exc}"
             return JSONResponse({"status": "unknown", "error": reason}, status_code=503)
-        body = health_body(states)
+        on_demand = {n for m in self._models.models if m.spec.on_demand for n in m.spec.deployment_names[:1]}
+        body = health_body(states, on_demand)
+        body["models"] = {m.model_id: m.state() for m in self._models.models}
         return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
     @app.get("/v1/models")
@@ -169,83 +164,55 @@ class Ingress:
 
     @app.get("/v1/models/{model:path}")
     async def model(self, model: str) -> dict[str, Any]:
-        """One model by any name a request may give it: "default", its own name or its alias; the
-        embedding model by its name."""
-        cards = await self._model_cards()
-        info = await self._model_info()
-        if model in (DEFAULT_MODEL_ALIAS, info.model_name, self._served_model_name):
-            return cards[0].dump()
-        for card in cards[1:]:
-            if model == card.id:
-                return card.dump()
-        raise model_not_found(model, [card.id for card in cards])
+        """One model by any name a request may give it: "default", its own name or an alias."""
+        served = self._models.find(model)
+        return (await model_card(served)).dump()
 
     async def _model_cards(self) -> list[ModelCard]:
-        """The served model's card first, then the embedding model's (if enabled)."""
-        info = await self._model_info()
-        inputs = ["text", "image"] if info.accepts_images else ["text"]
-        cards = [
-            ModelCard(
-                id=self._model_id(info),
-                created=0,
-                root=info.model_name,
-                max_model_len=info.max_model_len,
-                input_modalities=inputs,
-            )
-        ]
-        if self._embedder is not None:
-            try:
-                if self._embedding_model is None:
-                    self._embedding_model = await self._embedder.model_name.remote()
-                name, max_len = self._embedding_model, await self._embedding_len()
-            except ApiError as exc:  # a dead Embedder leaves the chat model listed
-                if exc.status != 503:
-                    raise
-                return cards
-            card = ModelCard(
-                id=name, created=0, root=name, max_model_len=max_len, output_modalities=["embedding"]
-            )
-            cards.append(card)
-        return cards
-
-    async def _embedding_len(self) -> int:
-        assert self._embedder is not None
-        length: int = await self._embedder.max_input_tokens.remote()
-        return length
+        """Every configured model, in config order, with its state; a cold one is not started for it."""
+        return [await model_card(served) for served in self._models.models]
 
     @app.get("/v1/status")
     async def status(self) -> dict[str, Any]:
-        """Stats of every Scheduler replica: `broadcast` calls each running replica once (a plain
-        handle call reaches one replica only), and the totals add them up."""
-        model_id = self._model_id(await self._model_info())  # first: a Scheduler that is down is a 503
-        replicas, errors = await gather_stats(self._scheduler, _STATUS_TIMEOUT_S)
-        return status_body(model_id, replicas, errors)
+        """Stats of every Scheduler replica of every model: `broadcast` calls each running replica once.
+        The top level is the default model's (as with one model); `models` has each model's."""
+        first = self._models.first()
+        assert first is not None
+        first.check_serving()  # a default model that is down: a 503, as before
+        models = {m.model_id: await model_status(m, _STATUS_TIMEOUT_S) for m in self._models.models}
+        return {**models[first.model_id], "models": models}
 
     @app.get("/metrics")
     async def metrics(self) -> Response:
-        """vLLM's Prometheus metrics, totalled over every Scheduler replica that answered."""
-        model_id = self._model_id(await self._model_info())
-        replicas, _ = await gather_stats(self._scheduler, _STATUS_TIMEOUT_S)
-        text = render_metrics(model_id, total_stats([stats for _, stats in replicas]))
-        return Response(text, media_type=METRICS_CONTENT_TYPE)
+        """vLLM's Prometheus metrics, each model's totalled over its Scheduler replicas that answered."""
+        series = []
+        for served in self._models.models:
+            if served.scheduler is not None and served.is_warm() and served.state() != "failed":
+                replicas, _ = await gather_stats(served.scheduler, _STATUS_TIMEOUT_S)
+                series.append((served.model_id, total_stats([stats for _, stats in replicas])))
+        return Response(render_metrics(series), media_type=METRICS_CONTENT_TYPE)
 
     @app.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
     async def chat_completions(self, request: Request) -> Response:
         req = await parse_body(request, ChatCompletionRequest, self._unknown_fields)
-        model = await self._resolve_model(req.model)
+        served = self._generator(req.model)
         check_chat_supported(req)
+        return await self._when_warm(served, bool(req.stream), partial(self._chat, req, served))
+
+    async def _chat(self, req: ChatCompletionRequest, served: ServedModel) -> Response:
         params = chat_sampling_params(req)
         choice = tool_choice(req.tools, req.tool_choice, req.parallel_tool_calls)
-        parsing = await self._parsers.for_request(choice, params, "tool_choice")
+        parsing = await served.parsers.for_request(choice, params, "tool_choice")
+        assert served.tokenizer is not None
         prompt_ids, images = await chat_generation.prompt_inputs(
-            self._tokenizer, chat_prompt(req, choice), "messages", self._model_info, self.limits.images
+            served.tokenizer, chat_prompt(req, choice), "messages", served.info, self.limits.images
         )
-        meta = ResponseMeta.new("chatcmpl", model)
+        meta = ResponseMeta.new("chatcmpl", served.model_id)
         n = samples_per_prompt(req)
-        generation, states = await self._generate(meta, [prompt_ids], params, "messages", n, images)
+        generation, states = await self._generate(served, meta, [prompt_ids], params, "messages", n, images)
         if not req.stream:
             await _collect(generation, states)
-            texts = await self._token_texts(states)
+            texts = await self._token_texts(served, states)
             return JSONResponse(chat_completion(meta, states, texts, parsing).dump())
 
         parsers = [OutputParser(parsing) if parsing.active else None for _ in states]
@@ -254,50 +221,50 @@ class Ingress:
             return chat_chunk(meta, index, delta, first, include_usage(req), text, parsers[index])
 
         usage_chunk = (lambda: chat_usage_chunk(meta, states)) if include_usage(req) else None
-        frames = sse_frames(generation.batches(), states, chunk, usage_chunk, self._texts_for)
+        texts_for = partial(self._texts_for, served)
+        frames = sse_frames(generation.batches(), states, chunk, usage_chunk, texts_for)
         return sse.EventStreamResponse(frames, on_close=generation.cancel, heartbeat=generation.heartbeat)
 
     @app.post("/v1/completions", openapi_extra=request_body(CompletionRequest))
     async def completions(self, request: Request) -> Response:
         req = await parse_body(request, CompletionRequest, self._unknown_fields)
-        model = await self._resolve_model(req.model)
+        served = self._generator(req.model)
         check_completion_supported(req)
+        return await self._when_warm(served, bool(req.stream), partial(self._completion, req, served))
+
+    async def _completion(self, req: CompletionRequest, served: ServedModel) -> Response:
         params = completion_sampling_params(req)
         prompts = completion_prompts(req)
         texts = [p for p in prompts if isinstance(p, str)]
-        encoded = iter(await self._tokenizer.encode.remote(texts) if texts else [])
+        assert served.tokenizer is not None
+        encoded = iter(await served.tokenizer.encode.remote(texts) if texts else [])
         prompt_ids = [next(encoded) if isinstance(p, str) else p for p in prompts]
-        meta = ResponseMeta.new("cmpl", model)
-        generation, states = await self._generate(meta, prompt_ids, params, "prompt", samples_per_prompt(req))
+        meta = ResponseMeta.new("cmpl", served.model_id)
+        n = samples_per_prompt(req)
+        generation, states = await self._generate(served, meta, prompt_ids, params, "prompt", n)
         if not req.stream:
             await _collect(generation, states)
-            return JSONResponse(completion(meta, states, await self._token_texts(states)).dump())
+            return JSONResponse(completion(meta, states, await self._token_texts(served, states)).dump())
 
         def chunk(index: int, delta: Delta, first: bool, text: TokenText) -> Completion | None:
             return completion_chunk(meta, index, delta, include_usage(req), text)
 
         usage_chunk = (lambda: completion_usage_chunk(meta, states)) if include_usage(req) else None
-        frames = sse_frames(generation.batches(), states, chunk, usage_chunk, self._texts_for)
+        texts_for = partial(self._texts_for, served)
+        frames = sse_frames(generation.batches(), states, chunk, usage_chunk, texts_for)
         return sse.EventStreamResponse(frames, on_close=generation.cancel, heartbeat=generation.heartbeat)
 
     @app.post("/v1/embeddings", openapi_extra=request_body(EmbeddingRequest))
     async def embeddings(self, request: Request) -> Response:
         req = await parse_body(request, EmbeddingRequest, self._unknown_fields)
-        if self._embedder is None:
-            raise ApiError(
-                404, "embeddings are not enabled on this server", param="model", code="model_not_found"
-            )
-        if self._embedding_model is None:
-            self._embedding_model = await self._embedder.model_name.remote()
-        if req.model not in ("default", self._embedding_model):
-            raise model_not_found(req.model, [self._embedding_model])
-        result = await self._embedder.embed.remote(embedding_inputs(req), req.dimensions)
+        served = self._models.embedder(req.model)
+        served.check_serving()
+        assert served.embedder is not None
+        result = await served.embedder.embed.remote(embedding_inputs(req), req.dimensions)
         if isinstance(result, EngineError):
             raise from_engine_error(result, "input")
         vectors, num_tokens = result
-        return JSONResponse(
-            embedding_list(self._embedding_model, vectors, num_tokens, req.encoding_format).dump()
-        )
+        return JSONResponse(embedding_list(served.model_id, vectors, num_tokens, req.encoding_format).dump())
 
     @app.post("/v1/messages", openapi_extra=request_body(MessagesRequest))
     async def anthropic_messages(self, request: Request) -> Response:
@@ -313,20 +280,34 @@ class Ingress:
 
     # --- helpers ---------------------------------------------------------------------------------
 
-    async def _model_info(self) -> ModelInfo:
-        if self._info is None:
-            self._info = await self._scheduler.model_info.remote()
-        return self._info
+    def _generator(self, requested: str) -> ServedModel:
+        """The text or vision model a request names; a 404 for an unknown name, a 503 naming the model
+        if its deployments cannot start."""
+        served = self._models.generator(requested)
+        served.check_serving()
+        return served
 
-    def _model_id(self, info: ModelInfo) -> str:
-        return self._served_model_name or info.model_name
+    async def _when_warm(
+        self, served: ServedModel, stream: bool, make: Callable[[], Awaitable[Response]]
+    ) -> Response:
+        """`make()`'s response. For a model with no replica yet (on demand, or starting) the wait is
+        counted in /v1/status, and a stream starts at once with keep-alive comments until it is made."""
+        if served.is_warm():
+            return await make()
+        token = next(self._cold_tokens)
 
-    async def _resolve_model(self, requested: str) -> str:
-        info = await self._model_info()
-        return resolve_model(requested, info.model_name, self._served_model_name)
+        async def made() -> Response:
+            served.cold_wait_started(token)
+            try:
+                return await make()
+            finally:
+                served.cold_wait_ended(token)
+
+        return DeferredEventStream(made, self._keepalive_s) if stream else await made()
 
     async def _generate(
         self,
+        served: ServedModel,
         meta: ResponseMeta,
         prompts: list[list[int]],
         params: SamplingParams,
@@ -337,9 +318,10 @@ class Ingress:
         """Starts one engine request per prompt, each with `n` samples (choice p * n + j); raises the
         ApiError of a rejected one."""
         ids = [meta.id] if len(prompts) == 1 else [f"{meta.id}-{i}" for i in range(len(prompts))]
-        params = await self._fit_max_tokens(params, max(len(p) for p in prompts))
+        params = await self._fit_max_tokens(served, params, max(len(p) for p in prompts))
         requests = [GenerateRequest(rid, ids_, params, images, n) for rid, ids_ in zip(ids, prompts)]
-        generation = Generation(self._scheduler, requests, prompt_param)
+        assert served.scheduler is not None
+        generation = Generation(served.scheduler, requests, prompt_param)
         await generation.start()
         states = [
             ChoiceState(i * n + j, num_prompt_tokens=len(p), counts_prompt=j == 0)
@@ -348,21 +330,24 @@ class Ingress:
         ]
         return generation, states
 
-    async def _fit_max_tokens(self, params: SamplingParams, num_prompt_tokens: int) -> SamplingParams:
+    async def _fit_max_tokens(
+        self, served: ServedModel, params: SamplingParams, num_prompt_tokens: int
+    ) -> SamplingParams:
         """max_tokens_policy 'clamp' lowers an over-long max_tokens to the room the longest prompt leaves."""
         policy = self._compatibility.max_tokens_policy
         if policy == "error" or params.max_tokens is None:
             return params
-        max_model_len = (await self._model_info()).max_model_len
+        max_model_len = (await served.info()).max_model_len
         fitted = fit_max_tokens(params.max_tokens, num_prompt_tokens, max_model_len, policy)
         return params if fitted == params.max_tokens else replace(params, max_tokens=fitted)
 
-    async def _token_texts(self, states: list[ChoiceState]) -> TokenText:
+    async def _token_texts(self, served: ServedModel, states: list[ChoiceState]) -> TokenText:
         ids = set().union(*(logprob_token_ids(s.logprobs) for s in states))
-        return await self._texts_for(ids)
+        return await self._texts_for(served, ids)
 
-    async def _texts_for(self, ids: set[int]) -> TokenText:
+    async def _texts_for(self, served: ServedModel, ids: set[int]) -> TokenText:
         if not ids:
             return {}
-        texts: TokenText = await self._tokenizer.token_texts.remote(sorted(ids))
+        assert served.tokenizer is not None
+        texts: TokenText = await served.tokenizer.token_texts.remote(sorted(ids))
         return texts

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 
 from engine.messages import GenerateRequest, ImageInputs
 
@@ -46,9 +47,8 @@ from api.responses_tools import ToolNames, tool_choice, tool_names
 from api.template_messages import ChatPrompt, Message
 from deployments import chat_generation
 from deployments.generation import Generation
-from deployments.messages import ModelInfo
-from deployments.output_parsing import OutputParsers
-from deployments.response_store import ResponseStore
+from deployments.response_store import LocalStore, Store
+from deployments.served_model import ServedModel, WhenWarm
 from deployments.watched_handle import WatchedHandle
 
 PROMPT_PARAM = "input"
@@ -67,45 +67,45 @@ class _Reading:
 class ResponsesRoutes:
     def __init__(
         self,
-        scheduler: WatchedHandle,
-        tokenizer: WatchedHandle,
-        resolve_model: Callable[[str], Awaitable[str]],
-        model_info: Callable[[], Awaitable[ModelInfo]],
-        parsers: OutputParsers,
+        resolve: Callable[[str], ServedModel],
+        when_warm: WhenWarm,
         image_limits: ImageLimitsConfig,
         unknown_fields: UnknownFields,
-        store: ResponseStore | None = None,
+        store: Store | None = None,
     ):
         self._unknown_fields = unknown_fields
-        self._scheduler = scheduler
-        self._tokenizer = tokenizer
-        self._resolve_model = resolve_model
-        self._model_info = model_info
-        self._parsers = parsers
+        self._resolve = resolve
+        self._when_warm = when_warm
         self._image_limits = image_limits
-        self._store = store or ResponseStore()
+        self._store = store or LocalStore()
 
     async def create(self, request: Request) -> Response:
         req = await parse_body(request, ResponsesRequest, self._unknown_fields)
-        meta = ResponseMeta.new(await self._resolve_model(req.model))
+        served = self._resolve(req.model)
         check_supported(req)
+        return await self._when_warm(served, bool(req.stream), partial(self._create, req, served))
+
+    async def _create(self, req: ResponsesRequest, served: ServedModel) -> Response:
+        meta = ResponseMeta.new(served.model_id)
         params = sampling_params(req)
         choice = tool_choice(req)
-        parsing = await self._parsers.for_request(choice, params, "tool_choice")
+        parsing = await served.parsers.for_request(choice, params, "tool_choice")
         check_logprobs(req, parsing)
         reading = _Reading(parsing, choice.parallel, tool_names(req), wants_logprobs(req))
-        conversation = self._history(req.previous_response_id) + input_turns(req)
-        ids, images = await self._prompt_inputs(chat_prompt(req, conversation))
+        conversation = await self._history(req.previous_response_id) + input_turns(req)
+        ids, images = await self._prompt_inputs(served, chat_prompt(req, conversation))
+        assert served.scheduler is not None
         generation, state = await _start(
-            self._scheduler, GenerateRequest(meta.id, ids, params, images), req.truncation
+            served.scheduler, GenerateRequest(meta.id, ids, params, images), req.truncation
         )
 
-        def remember(output: list[OutputItem]) -> None:
+        async def remember(output: list[OutputItem]) -> None:
             if req.store is not False:
-                self._store.put(meta.id, [*conversation, *assistant_turns(output)])
+                await self._store.put(meta.id, [*conversation, *assistant_turns(output)])
 
+        token_texts = partial(_token_texts, served)
         if not req.stream:
-            return await self._whole(req, meta, generation, state, reading, remember)
+            return await self._whole(req, meta, generation, state, reading, remember, token_texts)
         frames = response_events(
             meta,
             settings(req),
@@ -115,7 +115,7 @@ class ResponsesRoutes:
             reading.parsing,
             parallel=reading.parallel,
             names=reading.names,
-            token_texts=self._token_texts if reading.logprobs else None,
+            token_texts=token_texts if reading.logprobs else None,
         )
         return sse.EventStreamResponse(frames, on_close=generation.cancel, heartbeat=generation.heartbeat)
 
@@ -126,35 +126,41 @@ class ResponsesRoutes:
         generation: Generation,
         state: ChoiceState,
         reading: _Reading,
-        remember: Callable[[list[OutputItem]], None],
+        remember: Callable[[list[OutputItem]], Awaitable[None]],
+        token_texts: Callable[[set[int]], Awaitable[TokenText]],
     ) -> Response:
         await chat_generation.collect(generation, state)
         output, logprobs = None, None
         if reading.parsing.active:
             output = whole_output(meta, state, reading.parsing, reading.parallel, reading.names)
         elif reading.logprobs and state.logprobs:
-            texts = await self._token_texts(logprob_token_ids(state.logprobs))
+            texts = await token_texts(logprob_token_ids(state.logprobs))
             logprobs = logprob_entries(state.logprobs, texts)
         response = finished_response(meta, settings(req), state, output, logprobs)
-        remember(response.output)
+        await remember(response.output)
         return JSONResponse(response.dump())
 
-    async def _token_texts(self, ids: set[int]) -> TokenText:
-        texts: TokenText = await self._tokenizer.token_texts.remote(sorted(ids)) if ids else {}
-        return texts
-
-    async def _prompt_inputs(self, prompt: ChatPrompt) -> tuple[list[int], ImageInputs | None]:
+    async def _prompt_inputs(
+        self, served: ServedModel, prompt: ChatPrompt
+    ) -> tuple[list[int], ImageInputs | None]:
+        assert served.tokenizer is not None
         return await chat_generation.prompt_inputs(
-            self._tokenizer, prompt, PROMPT_PARAM, self._model_info, self._image_limits
+            served.tokenizer, prompt, PROMPT_PARAM, served.info, self._image_limits
         )
 
-    def _history(self, previous_response_id: str | None) -> list[Message]:
+    async def _history(self, previous_response_id: str | None) -> list[Message]:
         if previous_response_id is None:
             return []
-        turns = self._store.get(previous_response_id)
+        turns = await self._store.get(previous_response_id)
         if turns is None:
             raise previous_not_found(previous_response_id)
         return turns
+
+
+async def _token_texts(served: ServedModel, ids: set[int]) -> TokenText:
+    assert served.tokenizer is not None
+    texts: TokenText = await served.tokenizer.token_texts.remote(sorted(ids)) if ids else {}
+    return texts
 
 
 async def _start(

@@ -37,12 +37,18 @@ class Scheduler:
         stream_interval_s: float,
         max_stream_batches_per_s: float | None = None,
         heartbeat_s: float = HEARTBEAT_S,
+        expect_images: bool = False,
     ):
         # Imported here, not at the top: only this replica's process needs MLX and the model code.
         from engine.llm_engine import LLMEngine
 
         config = EngineConfig.model_validate(engine_config)
         self._engine = LLMEngine(config)
+        if expect_images and not self._engine.accepts_images:
+            raise ValueError(
+                f"{config.model} takes no images, but its models entry says kind: vision; "
+                "set kind: text, or serve a vision-language model (docs/vision.md)"
+            )
         self._loop = StepLoop(self._engine, stream_interval_s, max_stream_batches_per_s, heartbeat_s)
         self._replica_id = serve.get_replica_context().replica_id.unique_id
         model_name = config.served_model_name or self._engine.model_name

@@ -34,7 +34,7 @@ def parsed(text: str) -> dict[str, list]:
 
 
 def test_every_vllm_name_is_there_with_the_model_label():
-    families = parsed(render_metrics('smol "x"', EngineStats()))
+    families = parsed(render_metrics([('smol "x"', EngineStats())]))
     expected = {
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
@@ -56,7 +56,7 @@ def test_every_vllm_name_is_there_with_the_model_label():
 
 def test_values_of_two_replicas_add_up():
     total = total_stats([replica([0.003, 0.3], running=2), replica([0.003], running=1)])
-    families = parsed(render_metrics("smol", total))
+    families = parsed(render_metrics([("smol", total)]))
     value = {name: samples[0].value for name, samples in families.items()}
     assert value["vllm:num_requests_running"] == 3
     assert value["vllm:kv_cache_usage_perc"] == 0.25
@@ -67,7 +67,7 @@ def test_values_of_two_replicas_add_up():
 
 def test_histogram_buckets_are_cumulative():
     total = total_stats([replica([0.003, 0.3], running=0), replica([0.003, 5000.0], running=0)])
-    samples = parsed(render_metrics("smol", total))["vllm:time_to_first_token_seconds"]
+    samples = parsed(render_metrics([("smol", total)]))["vllm:time_to_first_token_seconds"]
     buckets = {s.labels["le"]: s.value for s in samples if s.name.endswith("_bucket")}
     assert buckets["0.001"] == 0 and buckets["0.005"] == 2 and buckets["0.5"] == 3
     assert buckets["2560.0"] == 3 and buckets["+Inf"] == 4
@@ -81,3 +81,12 @@ def test_a_bound_value_falls_in_its_own_bucket():
     observe(histogram, 0.1)
     observe(histogram, 2.0)
     assert histogram.counts == [1, 0, 1]
+
+
+def test_several_models_share_one_header_per_metric_and_differ_by_model_name():
+    busy = EngineStats(num_running=3, prompt_tokens_total=10)
+    text = render_metrics([("chat", busy), ("coder", EngineStats())])
+    assert text.count("# TYPE vllm:num_requests_running gauge") == 1
+    families = parsed(text)  # prometheus_client's parser refuses a family split in two
+    running = {s.labels["model_name"]: s.value for s in families["vllm:num_requests_running"]}
+    assert running == {"chat": 3, "coder": 0}

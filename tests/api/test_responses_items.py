@@ -191,9 +191,12 @@ def test_response_events_parsed_stream_ends_with_the_whole_shape():
         for i in range(0, len(text), 4):
             yield 0, [RequestOutput("resp_1", [1], text[i : i + 4], "stop" if i + 4 >= len(text) else None)]
 
+    async def remember(output):
+        remembered.append(output)
+
     async def run():
         state = ChoiceState(0, num_prompt_tokens=5)
-        return [f async for f in response_events(META, echo, state, gen(), remembered.append, parsing())]
+        return [f async for f in response_events(META, echo, state, gen(), remember, parsing())]
 
     frames = [json.loads(f.split("\n")[1].removeprefix("data: ")) for f in asyncio.run(run())]
     assert [f["sequence_number"] for f in frames] == list(range(len(frames)))

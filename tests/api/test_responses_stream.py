@@ -56,9 +56,12 @@ def events(batches: list, finished: list, token_texts=None) -> list[tuple[str, d
                 raise batch
             yield 0, batch
 
+    async def remember(output):
+        finished.append(output)
+
     async def run():
         state = ChoiceState(0, num_prompt_tokens=5)
-        frames = response_events(META, ECHO, state, gen(), finished.append, token_texts=token_texts)
+        frames = response_events(META, ECHO, state, gen(), remember, token_texts=token_texts)
         return [f async for f in frames]
 
     parsed = []

@@ -54,13 +54,20 @@ class FakeTokenizer:
         return list(text.encode())
 
 
-async def _resolve(model: str) -> str:
-    return "m"
+class FakeModel:
+    """The resolved model as the routes use it: a name and its Tokenizer handle."""
+
+    def __init__(self, tokenizer: FakeTokenizer):
+        self.model_id, self.tokenizer = "m", tokenizer
+
+    async def info(self):
+        raise AssertionError("a text-only prompt needs no model info")
 
 
 def client(template: str) -> tuple[TestClient, FakeTokenizer]:
     tokenizer = FakeTokenizer(template)
-    routes = AnthropicRoutes(None, tokenizer, _resolve, None, None, UnknownFields())
+    model = FakeModel(tokenizer)
+    routes = AnthropicRoutes(lambda _: model, None, UnknownFields())  # type: ignore[arg-type,return-value]
     app = FastAPI()
     install_error_handlers(app)
     app.add_api_route(ROUTE, routes.count_tokens, methods=["POST"])

@@ -29,8 +29,8 @@ def _args(engine: dict, embedder: dict) -> dict:
     # No CPU reserved: the session's app holds the cluster's cores; these replicas are idle or dead.
     args["scheduler"] |= {"num_replicas": 1, "num_cpus": 0}
     args["embedder"] |= {"num_cpus": 0, **embedder}
-    for name in ("tokenizer", "ingress"):
-        args[name] |= {"num_cpus": 0}
+    for name in ("tokenizer", "ingress", "response_store"):
+        args.setdefault(name, {})["num_cpus"] = 0
     return args
 
 
@@ -113,6 +113,9 @@ def test_an_embedder_that_cannot_load_fails_embeddings_fast_and_leaves_chat_up(b
     chat = {"model": "default", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
     answered = httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=120)
     assert answered.status_code == 200 and answered.json()["choices"][0]["message"]["content"]
-    # and the model list still names the chat model
+    # and the model list names the chat model as loaded and the embedding model as failed
     listed = httpx.get(f"{url}/v1/models", timeout=30).json()["data"]
-    assert [card["id"] for card in listed] == ["smol-e2e"]
+    assert [(card["id"], card["state"]) for card in listed] == [
+        ("smol-e2e", "loaded"),
+        ("embedding-model", "failed"),
+    ]

@@ -33,6 +33,7 @@ GUARDED_ARGS = {
     "tokenizer": {"num_cpus": 0.05},
     "embedder": {"enabled": False},
     "ingress": {"num_cpus": 0.05},
+    "response_store": {"num_cpus": 0},
     "security": {"api_keys": list(KEYS.values()), "cors_allow_origins": ["https://ui.example"]},
     "limits": {
         "max_body_bytes": 4096,

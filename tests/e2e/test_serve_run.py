@@ -82,7 +82,9 @@ def test_serve_status_shows_every_deployment_healthy(served):
     app = yaml.safe_load(out.stdout)["applications"]["llm"]
     assert app["status"] == "RUNNING"
     statuses = {name: d["status"] for name, d in app["deployments"].items()}
-    assert statuses == {name: "HEALTHY" for name in ("Ingress", "Scheduler", "Tokenizer", "Embedder")}
+    assert statuses == {
+        name: "HEALTHY" for name in ("Ingress", "Scheduler", "Tokenizer", "Embedder", "ResponseStore")
+    }
 
 
 def test_every_mlx_process_runs_openblas_with_the_configured_threads(served):

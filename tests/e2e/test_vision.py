@@ -50,6 +50,7 @@ def vlm(request, base_url: str, tmp_path_factory) -> Iterator[tuple[str, int]]:
         "scheduler": {"num_cpus": 0.1, "num_threads": 1, "max_ongoing_requests": 16},
         "tokenizer": {"num_cpus": 0.1},
         "ingress": {"num_cpus": 0.1},
+        "response_store": {"num_cpus": 0},
         "embedder": {"enabled": False},
         "limits": {"images": {"max_images_per_request": MAX_IMAGES, "allow_private_urls": True}},
     }
