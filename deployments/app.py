@@ -29,22 +29,19 @@ from typing import Any
 
 from engine.config import EngineConfig
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 from ray.serve import Application, Deployment
 
 from api.config import CompatibilityConfig, LimitsConfig, SecurityConfig
-from api.reasoning_parsers import check_name as check_reasoning_name
-from api.tool_parsers import canonical_name
 from deployments.embedder import Embedder
 from deployments.ingress import Ingress
-from deployments.model_config import ModelEntry, check_names, deployment_suffix
+from deployments.model_config import ModelEntry, ParserFields, check_names, deployment_suffix
 from deployments.options import (
     DeploymentOptions,
     EmbedderOptions,
     IngressOptions,
     ResponseStoreOptions,
     SchedulerOptions,
-    Strict,
 )
 from deployments.response_store import ResponseStoreServer
 from deployments.scheduler import Scheduler
@@ -68,7 +65,7 @@ class SingleEmbedderOptions(EmbedderOptions):
     model: str | None = Field(None, description="Embedding model; None: the bundled all-MiniLM-L6-v2.")
 
 
-class AppConfig(Strict):
+class AppConfig(ParserFields):
     models: list[ModelEntry] | None = Field(
         None,
         description="The served models (deployments/model_config.py), the first text model being "
@@ -111,28 +108,6 @@ class AppConfig(Strict):
         default_factory=CompatibilityConfig,
         description="Unknown request fields and over-long max_tokens; api/config.py.",
     )
-    tool_call_parser: str | None = Field(
-        "auto",
-        description="Tool-call format read from the output (docs/tools.md): 'auto' (from the chat "
-        "template), a name in api/tool_parsers (hermes, qwen3_coder, llama3_json, mistral, deepseek, glm45, "
-        "kimi_k2, minimax_m2, nemotron, lfm2, openai, or an alias), "
-        "or None to refuse requests with tools.",
-    )
-    reasoning_parser: str | None = Field(
-        None,
-        description="'qwen3' or 'deepseek_r1': split <think> reasoning out of the answer; 'openai_gptoss' "
-        "(alias 'gpt_oss'): gpt-oss Harmony analysis messages are reasoning; None: off.",
-    )
-
-    @field_validator("tool_call_parser")
-    @classmethod
-    def _known_tool_parser(cls, name: str | None) -> str | None:
-        return None if name is None else canonical_name(name)
-
-    @field_validator("reasoning_parser")
-    @classmethod
-    def _known_reasoning_parser(cls, name: str | None) -> str | None:
-        return None if name is None else check_reasoning_name(name)
 
     @model_validator(mode="after")
     def _one_form(self) -> AppConfig:

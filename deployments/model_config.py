@@ -22,7 +22,34 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _GENERATION_ONLY = ("engine", "tokenizer", "tool_call_parser", "reasoning_parser")
 
 
-class ModelEntry(Strict):
+class ParserFields(Strict):
+    """How a generating model's output is read: tool calls and reasoning (docs/tools.md)."""
+
+    tool_call_parser: str | None = Field(
+        "auto",
+        description="Tool-call format read from the output (docs/tools.md): 'auto' (from the chat "
+        "template), a name in api/tool_parsers (hermes, qwen3_coder, llama3_json, mistral, deepseek, glm45, "
+        "kimi_k2, minimax_m2, nemotron, lfm2, openai, or an alias), "
+        "or None to refuse requests with tools.",
+    )
+    reasoning_parser: str | None = Field(
+        None,
+        description="'qwen3' or 'deepseek_r1': split <think> reasoning out of the answer; 'openai_gptoss' "
+        "(alias 'gpt_oss'): gpt-oss Harmony analysis messages are reasoning; None: off.",
+    )
+
+    @field_validator("tool_call_parser")
+    @classmethod
+    def _known_tool_parser(cls, name: str | None) -> str | None:
+        return None if name is None else canonical_name(name)
+
+    @field_validator("reasoning_parser")
+    @classmethod
+    def _known_reasoning_parser(cls, name: str | None) -> str | None:
+        return None if name is None else check_reasoning_name(name)
+
+
+class ModelEntry(ParserFields):
     model: str | None = Field(
         None,
         description="An mlx-lm (or mlx-vlm, mlx-embeddings) directory, a hub id, or a bundled name; None: "
@@ -48,21 +75,9 @@ class ModelEntry(Strict):
         default_factory=DeploymentOptions,
         description="The Tokenizer's options; models that share a tokenizer share the first one's.",
     )
-    tool_call_parser: str | None = Field("auto", description="As the single-model config's (docs/tools.md).")
-    reasoning_parser: str | None = Field(None, description="As the single-model config's.")
     on_demand: OnDemand | None = Field(
         None, description="Start on the first request, stop after idle_timeout_s (Ray Serve scale to zero)."
     )
-
-    @field_validator("tool_call_parser")
-    @classmethod
-    def _known_tool_parser(cls, name: str | None) -> str | None:
-        return None if name is None else canonical_name(name)
-
-    @field_validator("reasoning_parser")
-    @classmethod
-    def _known_reasoning_parser(cls, name: str | None) -> str | None:
-        return None if name is None else check_reasoning_name(name)
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelEntry:

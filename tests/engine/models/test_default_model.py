@@ -171,23 +171,7 @@ def test_special_tokens_encode_to_single_ids(loaded, reader: gguf.GGUFReader):
 
 
 def test_concurrent_first_builds_build_once(tmp_path: Path):
-    script = (
-        "import engine, sys\n"
-        "from engine.models.default_model import resolve_model_path\n"
-        "print(resolve_model_path(sys.argv[1], 'float16'))\n"
-    )
-    env = {**os.environ, "MLX_RAY_SERVE_CACHE": str(tmp_path)}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", script, DEFAULT_MODEL],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        for _ in range(2)
-    ]
-    results = [proc.communicate(timeout=120) for proc in procs]
-    assert all(proc.returncode == 0 for proc in procs), [err.decode()[-2000:] for _, err in results]
+    results = _resolve_in_two_processes(tmp_path, DEFAULT_MODEL, "float16")
     paths = {out.decode().strip() for out, _ in results}
     assert paths == {str(tmp_path / "models" / "smollm2-135m-instruct-float16")}
     assert sum("Building smollm2" in err.decode() for _, err in results) == 1
@@ -279,24 +263,7 @@ def test_concurrent_first_8bit_builds_build_once(tmp_path: Path, model_dir: Path
     # The float32 build is linked in, so only the quantization runs here.
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / model_dir.name).symlink_to(model_dir)
-    script = (
-        "import engine, logging, sys\n"
-        "logging.basicConfig(level=logging.INFO)\n"
-        "from engine.models.default_model import resolve_model_path\n"
-        "print(resolve_model_path(sys.argv[1]))\n"
-    )
-    env = {**os.environ, "MLX_RAY_SERVE_CACHE": str(tmp_path)}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", script, DEFAULT_MODEL_8BIT],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        for _ in range(2)
-    ]
-    results = [proc.communicate(timeout=120) for proc in procs]
-    assert all(proc.returncode == 0 for proc in procs), [err.decode()[-2000:] for _, err in results]
+    results = _resolve_in_two_processes(tmp_path, DEFAULT_MODEL_8BIT, "float32")
     target = tmp_path / "models" / "smollm2-135m-instruct-8bit-float32"
     assert {out.decode().strip() for out, _ in results} == {str(target)}
     assert (
@@ -305,3 +272,26 @@ def test_concurrent_first_8bit_builds_build_once(tmp_path: Path, model_dir: Path
     )
     assert json.loads((target / "config.json").read_text())["quantization"]["bits"] == 8
     assert not list((tmp_path / "models").glob(".*.tmp*"))
+
+
+def _resolve_in_two_processes(cache: Path, model: str, dtype: str) -> list[tuple[bytes, bytes]]:
+    """(stdout, stderr) of two processes resolving `model` at once in the cache folder `cache`."""
+    script = (
+        "import engine, logging, sys\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "from engine.models.default_model import resolve_model_path\n"
+        "print(resolve_model_path(sys.argv[1], sys.argv[2]))\n"
+    )
+    env = {**os.environ, "MLX_RAY_SERVE_CACHE": str(cache)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, model, dtype],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(2)
+    ]
+    results = [proc.communicate(timeout=120) for proc in procs]
+    assert all(proc.returncode == 0 for proc in procs), [err.decode()[-2000:] for _, err in results]
+    return results
