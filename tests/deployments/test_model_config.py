@@ -60,6 +60,7 @@ def test_an_on_demand_model_scales_from_and_to_zero_after_its_idle_timeout():
     # the look-back window and the downscale delay add up to the idle timeout
     assert scaling["downscale_delay_s"] == scaling["downscale_to_zero_delay_s"] == 30
     assert scaling["look_back_period_s"] + scaling["downscale_to_zero_delay_s"] == 60
+    assert scaling["metrics_interval_s"] < scaling["look_back_period_s"]  # Ray warns otherwise
     assert options["request_router_config"] == {"request_router_class": PREFIX_ROUTER}
 
 

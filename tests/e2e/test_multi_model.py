@@ -240,7 +240,11 @@ def test_a_cold_on_demand_model_starts_on_its_first_request_with_keepalives(serv
     assert "loading" in seen_states, seen_states
     assert seen_waiting >= 1  # one of the two Ingress replicas holds the request and counts it
     assert lines.count(": keep-alive") >= 2, f"{waited_s:.1f} s of wait, lines {lines[:5]}"
-    assert [line for line in lines if line][-1] == "data: [DONE]" and _states(served)[TINY] == "loaded"
+    assert [line for line in lines if line][-1] == "data: [DONE]"
+    deadline = time.monotonic() + 10  # the Ingress reads Ray Serve's status once a second
+    while _states(served)[TINY] != "loaded" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _states(served)[TINY] == "loaded"
 
 
 def test_the_pinned_model_runs_on_the_node_with_its_resource(served: Served):
