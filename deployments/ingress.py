@@ -153,7 +153,7 @@ class Ingress:
         except Exception as exc:  # noqa: BLE001  (the controller itself is unreachable: still an answer)
             reason = f"could not read Ray Serve's deployment status: {type(exc).__name__}: {exc}"
             return JSONResponse({"status": "unknown", "error": reason}, status_code=503)
-        on_demand = {n for m in self._models.models if m.spec.on_demand for n in m.spec.deployment_names[:1]}
+        on_demand = {m.main_deployment for m in self._models.models if m.spec.on_demand}
         body = health_body(states, on_demand)
         body["models"] = {m.model_id: m.state() for m in self._models.models}
         return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)

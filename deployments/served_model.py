@@ -83,10 +83,9 @@ class ServedModel:
     def state(self) -> str:
         """'loaded' (a replica runs), 'failed' (one of its deployments cannot start), 'loading' (a replica
         is starting), or 'cold' (an on-demand model with no replica and none asked for)."""
-        states = self._watch.states()
-        if any(s.problem for name in self.spec.deployment_names if (s := states.get(name)) is not None):
+        if self._down() is not None:
             return "failed"
-        main = states.get(self.main_deployment)
+        main = self.deployment_state(self.main_deployment)
         if main is not None and main.num_running > 0:
             return "loaded"
         scaling_up = main is not None and main.status in ("UPSCALING", "UPDATING")
@@ -97,13 +96,17 @@ class ServedModel:
 
     def check_serving(self) -> None:
         """Raises the 503 that names this model if one of its deployments cannot start."""
-        for name in self.spec.deployment_names:
-            state = self.deployment_state(name)
-            if state is not None and state.problem is not None:
-                raise deployment_down(state, self.model_id)
+        down = self._down()
+        if down is not None:
+            raise deployment_down(down, self.model_id)
+
+    def _down(self) -> DeploymentState | None:
+        """The first of its deployments that cannot start, if any."""
+        states = (self.deployment_state(name) for name in self.spec.deployment_names)
+        return next((s for s in states if s is not None and s.problem is not None), None)
 
     def is_warm(self) -> bool:
-        main = self._watch.states().get(self.main_deployment)
+        main = self.deployment_state(self.main_deployment)
         return main is None or main.num_running > 0  # unknown (no poll yet): assume it serves
 
     def cold_wait_started(self, token: int) -> None:
