@@ -37,6 +37,18 @@ _COUNTERS = {
         "encoder_cache_queries",
     ),
     "vllm:mm_cache_hits": ("Multi-modal encoder cache hits, in requests with images.", "encoder_cache_hits"),
+    "vllm:spec_decode_num_drafts": ("Number of spec decoding drafts.", "spec_num_drafts"),
+    "vllm:spec_decode_num_draft_tokens": ("Number of draft tokens.", "spec_num_draft_tokens"),
+    "vllm:spec_decode_num_accepted_tokens": ("Number of accepted tokens.", "spec_num_accepted_tokens"),
+    # vLLM has no name for a disk tier under its own prefix cache: these are ours.
+    "mlx_ray_serve:prefix_cache_disk_hits": (
+        "Prefix cache hits read from the disk tier, in tokens (part of vllm:prefix_cache_hits).",
+        "prefix_cache_disk_hits",
+    ),
+    "mlx_ray_serve:prefix_cache_disk_writes_dropped": (
+        "KV blocks not written to the prefix cache's disk tier because its write queue was full.",
+        "prefix_cache_disk_writes_dropped",
+    ),
 }
 _HISTOGRAMS = {
     "vllm:time_to_first_token_seconds": (
@@ -69,6 +81,7 @@ def _lines(series: list[tuple[str, EngineStats]]) -> Iterator[str]:
     for name, (help_text, attr) in _COUNTERS.items():
         yield from _header(f"{name}_total", "counter", help_text)
         yield from (f"{name}_total{{{labels}}} {_number(getattr(stats, attr))}\n" for labels, stats in series)
+    yield from _accepted_per_pos(series)
     yield from _header("vllm:request_success_total", "counter", "Count of successfully processed requests.")
     for labels, stats in series:
         yield from _request_success(labels, stats.num_requests_by_finish_reason)
@@ -76,6 +89,16 @@ def _lines(series: list[tuple[str, EngineStats]]) -> Iterator[str]:
         yield from _header(name, "histogram", help_text)
         for labels, stats in series:
             yield from _histogram(name, labels, getattr(stats, attr))
+
+
+def _accepted_per_pos(series: list[tuple[str, EngineStats]]) -> Iterator[str]:
+    name = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+    if not any(stats.spec_accepted_per_pos for _, stats in series):  # no model speculates
+        return
+    yield from _header(name, "counter", "Accepted tokens per draft's position.")
+    for labels, stats in series:
+        for position, count in enumerate(stats.spec_accepted_per_pos):
+            yield f'{name}{{{labels},position="{position}"}} {count}\n'
 
 
 def _request_success(labels: str, by_reason: dict[str, int]) -> Iterator[str]:

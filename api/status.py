@@ -44,6 +44,9 @@ def _combine(name: str, mine: Any, theirs: Any) -> Any:
         return max(mine, theirs)
     if name == "compute":
         return None  # replicas may run different paths; each row shows its own
+    if name == "spec_accepted_per_pos":  # per draft position: add up position by position
+        width = max(len(mine), len(theirs))
+        return [sum(x[i] for x in (mine, theirs) if i < len(x)) for i in range(width)]
     if isinstance(mine, Histogram):
         return mine.merged(theirs)
     if isinstance(mine, dict):
@@ -59,6 +62,9 @@ def stats_json(stats: EngineStats) -> dict[str, Any]:
     body["kv_cache_usage"] = kv_cache_usage(stats)
     body["prefix_cache_hit_rate"] = (
         stats.prefix_cache_hits / stats.prefix_cache_queries if stats.prefix_cache_queries else None
+    )
+    body["spec_decode_acceptance_rate"] = (
+        stats.spec_num_accepted_tokens / stats.spec_num_draft_tokens if stats.spec_num_draft_tokens else None
     )
     body["latency"] = {name: _summary(getattr(stats, name)) for name in _HISTOGRAMS}
     return body

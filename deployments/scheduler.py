@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 serve_logger = logging.getLogger("ray.serve")
 
 METRICS_EXPORT_INTERVAL_S = 5.0  # Ray's metrics agent reports every few seconds too
+SHUTDOWN_FLUSH_S = 30.0  # bound on the disk tier's last writes at shutdown: a hung step must not hang it
 
 
 @serve.deployment
@@ -78,6 +79,20 @@ class Scheduler:
         # Started on the first request: the constructor may run outside the replica's event loop.
         if self._export_task is None or self._export_task.done():
             self._export_task = asyncio.get_running_loop().create_task(self._export_forever())
+
+    def __del__(self) -> None:
+        # Ray Serve calls this when it stops the replica: blocks still owed to the prefix cache's disk
+        # tier are saved, so the next replica finds them.
+        loop = getattr(self, "_loop", None)  # None: the constructor failed
+        if loop is not None:
+            try:
+                loop.run_between_steps(self._engine.close, timeout_s=SHUTDOWN_FLUSH_S)
+            except TimeoutError:
+                logger.warning(
+                    "the engine's last step outlasted %.0f s; closing without it", SHUTDOWN_FLUSH_S
+                )
+            except RuntimeError:  # the step thread's executor is already shut down: nothing to flush
+                pass
 
     async def _export_forever(self) -> None:
         while True:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
@@ -126,6 +126,11 @@ class StepLoop:
     async def stats(self) -> EngineStats:
         # Through the step thread: a snapshot is never taken halfway through a step.
         return await asyncio.get_running_loop().run_in_executor(self._executor, self._engine.stats)
+
+    def run_between_steps(self, fn: Callable[[], None], timeout_s: float | None = None) -> None:
+        """Runs `fn` on the stepping thread, between two steps, and waits for it: for shutdown work
+        that must not race a step (the engine's MLX arrays are the step thread's)."""
+        self._executor.submit(fn).result(timeout_s)
 
     def _ensure_running(self) -> None:
         if self._loop_task is None or self._loop_task.done():

@@ -26,6 +26,62 @@ def tokenizer_source(model: str) -> str:
     return DEFAULT_MODEL if model in BUNDLED_NAMES else model
 
 
+class SpeculativeConfig(BaseModel):
+    """Speculative decoding (vLLM's `speculative_config`): a cheap drafter proposes tokens that the model
+    verifies in one batched forward. Greedy output is the model's own; sampled output keeps its
+    distribution (rejection sampling)."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    method: Literal["ngram", "draft_model", "mtp"] = Field(
+        description="'ngram': prompt lookup, no extra model (code editing, RAG); 'draft_model': a small "
+        "model with the same tokenizer, run in the same Scheduler with its own paged cache; 'mtp': the "
+        "model's own multi-token-prediction heads."
+    )
+    num_speculative_tokens: int = Field(4, ge=1, le=16, description="Tokens drafted per step and request.")
+    prompt_lookup_min: int = Field(2, ge=1, description="ngram: the shortest suffix looked up.")
+    prompt_lookup_max: int = Field(4, ge=1, description="ngram: the longest suffix looked up (tried first).")
+    model: str | None = Field(
+        None, description="draft_model: an mlx-lm model directory or hub id sharing the model's tokenizer."
+    )
+    disable_by_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Stop drafting while this many requests or more are running (vLLM's name): a large "
+        "batch already keeps the device busy, and verifying drafts multiplies its rows. None: always draft.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> SpeculativeConfig:
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(
+                f"prompt_lookup_min {self.prompt_lookup_min} exceeds prompt_lookup_max "
+                f"{self.prompt_lookup_max}; lower it"
+            )
+        if (self.method == "draft_model") != (self.model is not None):
+            raise ValueError("speculative.model names the draft model: set it for method draft_model only")
+        return self
+
+
+class PrefixCacheDiskConfig(BaseModel):
+    """The prefix cache's disk tier (engine/core/prefix_disk.py): full KV blocks written through to files
+    as they enter the prefix cache, read back when a prompt's prefix is not in RAM, so a restart keeps them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(
+        description="Directory for the block files; each model identity (model, KV format, block size) "
+        "gets its own subdirectory. Replicas may share it."
+    )
+    max_gb: float = Field(gt=0, description="Bound on the files' size in GiB; least recently used go first.")
+    max_pending_bytes: int = Field(
+        256 << 20,
+        gt=0,
+        description="Bytes of blocks queued for the writer thread; blocks beyond it are not written "
+        "(counted in /v1/status as prefix_cache_disk_writes_dropped), so a step never waits on the disk.",
+    )
+
+
 class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
@@ -49,6 +105,15 @@ class EngineConfig(BaseModel):
     kv_cache_memory_bytes: int | None = Field(
         None, gt=0, description="KV cache budget in bytes; overrides kv_cache_memory_fraction."
     )
+    kv_cache_dtype: Literal["auto", "int8", "int4"] = Field(
+        "auto",
+        description="How the KV cache stores K and V. 'auto': the model's dtype. 'int8'/'int4': quantized "
+        "per token and head with a scale and bias per group of 64 values (32 where the head dim is no "
+        "multiple of 64), as mx.quantize and mlx-lm's QuantizedKVCache do; attention reads them back "
+        "dequantized. The same kv_cache_memory_bytes then holds about 2x (int8) or 3.5x (int4) the "
+        "tokens of a float16 cache, 3.6x / 6.4x of a float32 one. The CPU's C decode forward reads and "
+        "writes the quantized pools; fast paths that read float K/V directly step aside (/v1/status says which).",
+    )
     kv_cache_memory_fraction: float = Field(
         0.05, gt=0, le=0.9, description="KV cache budget as a fraction of the machine's memory."
     )
@@ -69,6 +134,11 @@ class EngineConfig(BaseModel):
         None, ge=1, description="Bound on queued requests; beyond it add_request raises QueueFullError."
     )
     enable_prefix_caching: bool = Field(True, description="Share full KV blocks between requests by prefix.")
+    prefix_cache_disk: PrefixCacheDiskConfig | None = Field(
+        None,
+        description="A disk tier under the prefix cache that survives restarts; None: RAM only. Models "
+        "whose prefix cache is off (recurrent layers) do not use it.",
+    )
     encoder_cache_bytes: int = Field(
         256 << 20,
         ge=0,
@@ -127,6 +197,12 @@ class EngineConfig(BaseModel):
             "float32 Llama-family model whose layers all keep plain KV caches (no sliding window) and the build "
             "and its load-time check succeed; False: MLX's path."
         ),
+    )
+
+    speculative: SpeculativeConfig | None = Field(
+        None,
+        description="Speculative decoding in the batched step (engine/spec_decode/); None: off. Requests "
+        "it cannot serve (grammar-constrained, n > 1, logprobs) decode plainly, in the same batch.",
     )
 
     @model_validator(mode="after")

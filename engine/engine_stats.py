@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from engine.core.block_pool import BlockPool
 from engine.core.kv_cache_manager import KVCacheManager
@@ -11,7 +11,9 @@ from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import Scheduler
 from engine.messages import ComputePaths, EngineStats, LiveRequestStats
 from engine.models.encoder_cache import EncoderCache
+from engine.prefix_offload import PrefixOffload
 from engine.request_metrics import RequestMetrics
+from engine.spec_decode.speculator import Speculator
 
 import mlx.core as mx
 
@@ -23,7 +25,9 @@ class StatsSource(Protocol):
     pool: BlockPool
     kv: KVCacheManager
     metrics: RequestMetrics
+    prefix_disk: PrefixOffload
     compute: ComputePaths
+    speculator: Speculator | None
     encoder_cache: EncoderCache | None
     num_steps: int
     num_finished: int
@@ -45,7 +49,11 @@ def collect_stats(engine: StatsSource) -> EngineStats:
         block_size=kv.block_size,
         prefix_cache_queries=kv.prefix_queries,
         prefix_cache_hits=kv.prefix_hits,
+        prefix_cache_disk_hits=kv.prefix_disk_hits,
+        prefix_cache_disk_writes=engine.prefix_disk.num_written,
+        prefix_cache_disk_writes_dropped=engine.prefix_disk.num_dropped,
         num_preemptions=scheduler.num_preemptions,
+        **_spec_stats(engine.speculator),
         encoder_cache_queries=engine.encoder_cache.num_queries if engine.encoder_cache else 0,
         encoder_cache_hits=engine.encoder_cache.num_hits if engine.encoder_cache else 0,
         prompt_tokens_total=engine.prompt_tokens_total,
@@ -60,6 +68,18 @@ def collect_stats(engine: StatsSource) -> EngineStats:
         num_requests_by_finish_reason=by_reason,
         compute=engine.compute,
     )
+
+
+def _spec_stats(speculator: Speculator | None) -> dict[str, Any]:
+    if speculator is None:
+        return {}
+    stats = speculator.stats
+    return {
+        "spec_num_drafts": stats.num_drafts,
+        "spec_num_draft_tokens": stats.num_draft_tokens,
+        "spec_num_accepted_tokens": stats.num_accepted_tokens,
+        "spec_accepted_per_pos": list(stats.accepted_per_pos),
+    }
 
 
 def _live(request: Request) -> LiveRequestStats:

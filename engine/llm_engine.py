@@ -8,11 +8,11 @@ A failure inside a step fails the requests it touched, never the engine.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import time
 from dataclasses import replace
 
+from engine import kv_budget
 from engine.config import EngineConfig
 from engine.core.block_pool import BlockPool
 from engine.core.kv_cache_manager import KVCacheManager
@@ -25,9 +25,10 @@ from engine.engine_stats import collect_stats
 from engine.errors import ContextLengthExceededError, InvalidRequestError, QueueFullError
 from engine.messages import EngineStats, GenerateRequest, RequestOutput
 from engine.models.model_loader import load_model
-from engine.output.output_processor import OutputProcessor
+from engine.output.output_processor import OutputProcessor, merge_outputs
 from engine.output.sampler import Sampler, SamplingRow, samples_on_device, validate_params
 from engine.output.structured_output import StructuredOutputManager
+from engine.prefix_offload import PrefixOffload
 from engine.request_metrics import RequestMetrics
 from engine.runner import backends
 from engine.runner.batch_probe import probe_batching
@@ -37,6 +38,8 @@ from engine.runner.layer_caches import LayerCaches
 from engine.runner.model_head import split_head
 from engine.runner.model_runner import DeviceTokens, ModelRunner, StepLogits
 from engine.runner.state_storage import StateStorage
+from engine.spec_decode import setup as spec_setup
+from engine.spec_decode.speculator import Speculator
 
 import mlx.core as mx
 
@@ -65,14 +68,21 @@ class LLMEngine:
         state_bytes = self.states.nbytes if self.states is not None else 0
         self.prefill_whole = getattr(loaded.model, "whole_prompt", False)
         self.prefix_caching_off = _prefix_caching_off(config, layers, self.prefill_whole)
-        num_blocks = _num_blocks(config, shapes, loaded.dtype, state_bytes, loaded.context_len)
-        self.max_model_len = _max_model_len(config, loaded.context_len, num_blocks)
-        self.storage = KVStorage(shapes, num_blocks, config.block_size, loaded.dtype)
+        if config.speculative is not None:
+            spec_setup.check_target(config, layers)
+        draft = spec_setup.load_draft(config, loaded.tokenizer.get_vocab())
+        draft_bytes = draft.bytes_per_block(config) if draft is not None else 0
+        num_blocks = kv_budget.num_blocks(
+            config, shapes, loaded.dtype, state_bytes, loaded.context_len, draft_bytes
+        )
+        self.max_model_len = kv_budget.max_model_len(config, loaded.context_len, num_blocks)
+        self.storage = KVStorage(shapes, num_blocks, config.block_size, loaded.dtype, config.kv_cache_dtype)
         self.pool = BlockPool(num_blocks)
         slots = StateSlots(config.max_num_seqs) if self.states is not None else None
         prefix_caching = config.enable_prefix_caching and self.prefix_caching_off is None
         self.kv = KVCacheManager(self.pool, config.block_size, prefix_caching, slots)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
+        self.prefix_disk = PrefixOffload.build(config, self.kv, self.storage)  # a no-op when off
         target = Target(loaded.model, self.storage, loaded.device, split_head(loaded.model))
         self.runner = ModelRunner(backends.choose(target, config), layers, self.states)
         self.compute = replace(
@@ -83,8 +93,20 @@ class LLMEngine:
             state_bytes_per_seq=StateStorage.bytes_per_slot(state_shapes),
             num_state_slots=self.states.num_slots if self.states is not None else 0,
             vision=getattr(loaded.model, "summary", ""),
+            kv_cache_dtype=config.kv_cache_dtype,
+            kv_bytes_per_token=self.storage.bytes_per_token,
+            kv_capacity_tokens=num_blocks * config.block_size,
+            speculative=spec_setup.describe(config),
         )
         logger.info("%s compute paths: %s", self.model_name, self.compute)
+        self.speculator: Speculator | None = None
+        if config.speculative is not None:
+            draft_model = (
+                spec_setup.build_draft(draft, config, num_blocks, self.vocab_size) if draft else None
+            )
+            self.speculator = Speculator(
+                config.speculative, self.max_model_len, self.eos_token_ids, draft_model, config.seed
+            )
         self.sampler = Sampler(config.seed)
         self.structured = StructuredOutputManager(loaded.tokenizer)
         self.outputs = OutputProcessor(loaded.tokenizer, self.eos_token_ids, self.structured)
@@ -94,7 +116,10 @@ class LLMEngine:
         self._requests: dict[str, Request] = {}
         self.parallel = ParallelSampling(hold_back=prefix_caching)  # n > 1 requests
         self._in_flight: DeviceTokens | None = None  # a launched step whose tokens are not read yet
-        self.async_scheduling = _resolve_async_scheduling(config.async_scheduling, loaded.device)
+        # Drafting needs each step's tokens read before the next step is built: no async with it.
+        self.async_scheduling = config.speculative is None and _resolve_async_scheduling(
+            config.async_scheduling, loaded.device
+        )
         self.num_steps = 0
         self.num_finished = 0
         self.prompt_tokens_total = 0
@@ -171,27 +196,60 @@ class LLMEngine:
         and the next step is built and launched before they are read, so the host's work overlaps
         the device's. Any other step samples on the host at once, as before."""
         outputs = self._drain_inbox()
+        self.prefix_disk.save_new_blocks()  # before schedule() may hand their block ids out again
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running)
         plan = self.scheduler.schedule()
+        self.prefix_disk.load_hits()  # disk hits' KV, in place before the model reads it
         if plan.is_empty:
             return outputs + self._read_in_flight()
         self.num_steps += 1
         try:
             self.structured.prepare(plan.scheduled)  # grammar masks fill while the model runs
+            if self.speculator is not None:
+                self.speculator.fill(plan.scheduled)
             step = self.runner.execute(plan, self._in_flight)
         except Exception as exc:  # noqa: BLE001  (_fail_step logs the traceback)
             outputs += self._read_in_flight()  # the previous step's tokens are good: commit them first
             return outputs + self._fail_step([s.request for s in plan.scheduled], exc)
         sampling = self.scheduler.advance(plan)
-        if not step.items:  # prefill chunks that do not reach a prompt's end
+        if not step.items and not step.spec_items:  # prefill chunks that do not reach a prompt's end
             return outputs + self._read_in_flight()
-        if self.async_scheduling and all(samples_on_device(s.request) for s in step.items):
+        on_device = all(samples_on_device(s.request) for s in step.items)
+        if self.async_scheduling and on_device and not step.spec_items:
             launched = DeviceTokens(step.items, mx.argmax(step.logits, axis=-1).astype(mx.int32))
             mx.async_eval(launched.token_ids)
             outputs += self._read_in_flight()
             self._in_flight = launched
             return outputs
         outputs += self._read_in_flight()  # host sampling wants every earlier token committed
-        return outputs + self._sample_on_host(step, sampling)
+        plain = [s for s in sampling if not s.num_spec_tokens]
+        outputs += self._sample_on_host(step, plain) if step.items else []
+        return outputs + self._verify_drafts(step)
+
+    def _verify_drafts(self, step: StepLogits) -> list[RequestOutput]:
+        """Rows with drafts emit the drafts the model kept and one token of its own, committed one by one
+        as plain decoding would, so stops land on the same token; one merged output per request."""
+        outputs = []
+        for item, logits in zip(step.spec_items, step.spec_logits):
+            request = item.request
+            if request.is_finished:
+                continue
+            assert self.speculator is not None
+            try:
+                mx.eval(logits)
+                token_ids = self.speculator.verify(item, logits)
+            except Exception as exc:  # noqa: BLE001  (_fail_step logs the traceback)
+                outputs += self._fail_step([request], exc, "verification")
+                continue
+            self.scheduler.settle_drafts(request, len(token_ids) - 1)
+            sampled = [
+                self._commit([item], {request.request_id: t}, {})
+                for t in token_ids
+                if not request.is_finished
+            ]
+            outputs.append(merge_outputs([o for out in sampled for o in out]))
+        return outputs
 
     def _sample_on_host(self, step: StepLogits, sampling: list[ScheduledRequest]) -> list[RequestOutput]:
         try:
@@ -336,6 +394,11 @@ class LLMEngine:
     def stats(self) -> EngineStats:
         return collect_stats(self)
 
+    def close(self) -> None:
+        """Saves the blocks still owed to the prefix cache's disk tier and stops its writer: the last
+        call on an engine, from the thread that steps it (deployments/scheduler.py, at shutdown)."""
+        self.prefix_disk.close()
+
 
 def _resolve_async_scheduling(configured: bool | None, device: str) -> bool:
     return configured if configured is not None else device == "gpu"
@@ -345,10 +408,6 @@ def _vocab_size(loaded) -> int:
     args = getattr(loaded.model, "args", None)
     size = getattr(args, "vocab_size", None)
     return size if isinstance(size, int) else len(loaded.tokenizer.get_vocab())
-
-
-def _total_memory_bytes() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _prefix_caching_off(config: EngineConfig, layers: LayerCaches, prefill_whole: bool) -> str | None:
@@ -363,49 +422,3 @@ def _prefix_caching_off(config: EngineConfig, layers: LayerCaches, prefill_whole
             "and snapshots per block are not kept"
         )
     return None
-
-
-# A model with no attention layer keeps no KV: its blocks only count tokens, up to this many per sequence
-# where neither the config nor the model sets a context length.
-_STATE_ONLY_CONTEXT_LEN = 32768
-
-
-def _num_blocks(
-    config: EngineConfig, shapes, dtype: mx.Dtype, state_bytes: int = 0, context_len: int | None = None
-) -> int:
-    """KV blocks that fit the budget once the state slots (`state_bytes`) are taken out of it."""
-    budget = config.kv_cache_memory_bytes or int(config.kv_cache_memory_fraction * _total_memory_bytes())
-    if state_bytes >= budget:
-        raise ValueError(
-            f"the KV budget of {budget} bytes cannot hold the recurrent state of max_num_seqs "
-            f"{config.max_num_seqs} requests ({state_bytes} bytes); raise kv_cache_memory_bytes or "
-            "lower max_num_seqs"
-        )
-    if config.num_kv_blocks is not None:
-        return config.num_kv_blocks
-    if not shapes:
-        max_len = config.max_model_len or context_len or _STATE_ONLY_CONTEXT_LEN
-        return config.max_num_seqs * -(-max_len // config.block_size)
-    per_block = KVStorage.bytes_per_block(shapes, config.block_size, dtype)
-    num_blocks = (budget - state_bytes) // per_block
-    if num_blocks < 1:
-        raise ValueError(
-            f"the KV budget of {budget} bytes holds no {per_block}-byte block; raise kv_cache_memory_bytes"
-        )
-    return num_blocks
-
-
-def _max_model_len(config: EngineConfig, context_len: int | None, num_blocks: int) -> int:
-    capacity = num_blocks * config.block_size
-    if config.max_model_len is not None:
-        if context_len is not None and config.max_model_len > context_len:
-            raise ValueError(
-                f"max_model_len {config.max_model_len} exceeds the model's {context_len}; lower it or pick another model"
-            )
-        if config.max_model_len > capacity:
-            raise ValueError(
-                f"max_model_len {config.max_model_len} exceeds the KV cache's {capacity} tokens; "
-                "raise kv_cache_memory_bytes or lower max_model_len"
-            )
-        return config.max_model_len
-    return min(context_len or capacity, capacity)

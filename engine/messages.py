@@ -161,6 +161,11 @@ class ComputePaths:
     num_state_slots: int = 0  # requests that can hold such state at once (max_num_seqs)
     # A vision-language model's inputs and encoder cache (engine/models/vision_model.py); "" for text.
     vision: str = ""
+    # The paged KV cache (engine/runner/kv_storage.py): how it stores K/V, and what the budget holds.
+    kv_cache_dtype: str = "auto"  # "auto" (the model's dtype), "int8" or "int4" (engine/runner/kv_quant.py)
+    kv_bytes_per_token: int = 0  # every layer's K and V of one token, scales and biases included
+    kv_capacity_tokens: int = 0  # tokens the pool holds: num_blocks * block_size, over all requests
+    speculative: str = "off"  # e.g. "ngram, 4 tokens (lookup 2-4)" (engine/spec_decode/)
 
 
 @dataclass
@@ -175,8 +180,16 @@ class EngineStats:
     num_blocks_used: int = 0
     block_size: int = 0
     prefix_cache_queries: int = 0  # prompt tokens looked up
-    prefix_cache_hits: int = 0  # prompt tokens found
+    prefix_cache_hits: int = 0  # prompt tokens found, in RAM or in the disk tier
+    prefix_cache_disk_hits: int = 0  # of them, found in the disk tier (engine/core/prefix_disk.py)
+    prefix_cache_disk_writes: int = 0  # KV blocks written to the disk tier
+    prefix_cache_disk_writes_dropped: int = 0  # blocks not written: the writer's queue was full
     num_preemptions: int = 0
+    # Speculative decoding (engine/spec_decode/), as vLLM's vllm:spec_decode_* counters.
+    spec_num_drafts: int = 0  # verified rows that carried drafts
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = field(default_factory=list)  # [i]: rows whose draft i was kept
     encoder_cache_queries: int = 0  # vision requests whose image features were looked up
     encoder_cache_hits: int = 0  # of them, found (the vision tower did not run)
     prompt_tokens_total: int = 0

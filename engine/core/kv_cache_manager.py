@@ -10,17 +10,25 @@ Python's 64-bit `hash()` of the same inputs could collide (vLLM moved to SHA-256
     block hash = SHA-256( parent's hash, or 32 zero bytes for the first block
                           || the block's token ids as little-endian int64
                           || salt, if any )
+
+With a disk tier (engine/core/prefix_disk.py), a match goes on past the RAM hits into the files;
+`allocate` gives disk hits fresh blocks, cached under their hash, and queues their arrays in
+`to_load` for the engine to write into the KV storage before the step runs. Every block that enters
+the prefix cache is queued in `to_offload` for the engine to copy out before its id can be reused.
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.core.block_pool import BlockPool
+from engine.core.prefix_disk import PrefixDiskStore
 from engine.core.request import Request
 from engine.core.state_slots import StateSlots
+
+import numpy as np
 
 BlockHash = bytes  # 32 bytes
 _ROOT = bytes(32)
@@ -28,12 +36,13 @@ _ROOT = bytes(32)
 
 @dataclass
 class PrefixMatch:
-    block_ids: list[int]
-    block_hashes: list[BlockHash]
+    block_ids: list[int]  # RAM hits: the matched prefix's first blocks
+    block_hashes: list[BlockHash]  # every matched block's, RAM hits then disk hits
+    disk_blocks: list[list[np.ndarray]] = field(default_factory=list)  # disk hits' arrays, after the RAM ones
 
     @property
     def num_blocks(self) -> int:
-        return len(self.block_ids)
+        return len(self.block_ids) + len(self.disk_blocks)
 
 
 NO_MATCH = PrefixMatch([], [])
@@ -65,7 +74,16 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.prefix_queries = 0  # tokens looked up
-        self.prefix_hits = 0  # tokens found
+        self.prefix_hits = 0  # tokens found, in RAM or on disk
+        self.prefix_disk_hits = 0  # of them, found on disk
+        self.disk: PrefixDiskStore | None = None  # set by attach_disk
+        self.to_offload: list[tuple[int, BlockHash]] = []  # newly cached (block id, hash): copy out
+        self.to_load: list[tuple[int, list[np.ndarray]]] = []  # disk hits' (block id, arrays): copy in
+        self._disk_memo: dict[BlockHash, list[np.ndarray]] = {}  # the last match's disk hits
+
+    def attach_disk(self, store: PrefixDiskStore) -> None:
+        assert self.enable_prefix_caching, "the disk tier extends the prefix cache"
+        self.disk = store
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -81,14 +99,26 @@ class KVCacheManager:
         for i in range(max_blocks):
             tokens = request.all_token_ids[i * self.block_size : (i + 1) * self.block_size]
             parent = chain_hash(parent, tokens, _block_extra(request, i, self.block_size))
-            block_id = self.pool.lookup(parent)
-            if block_id is None:
+            block_id = None if match.disk_blocks else self.pool.lookup(parent)
+            if block_id is not None:
+                match.block_ids.append(block_id)
+            elif (arrays := self._load_from_disk(parent)) is not None:
+                match.disk_blocks.append(arrays)
+            else:
                 break
-            match.block_ids.append(block_id)
             match.block_hashes.append(parent)
         self.prefix_queries += request.num_tokens
         self.prefix_hits += match.num_blocks * self.block_size
+        self.prefix_disk_hits += len(match.disk_blocks) * self.block_size
+        # A request that waits for blocks is matched again each step: its disk hits stay read.
+        self._disk_memo = dict(zip(match.block_hashes[len(match.block_ids) :], match.disk_blocks))
         return match
+
+    def _load_from_disk(self, block_hash: BlockHash) -> list[np.ndarray] | None:
+        if self.disk is None:
+            return None
+        memo = self._disk_memo.get(block_hash)
+        return memo if memo is not None else self.disk.load(block_hash)
 
     def can_allocate(self, request: Request, num_new_tokens: int, match: PrefixMatch = NO_MATCH) -> bool:
         if self.slots is not None and not self.slots.can_allocate(request):
@@ -105,6 +135,8 @@ class KVCacheManager:
             assert not request.block_ids, "a prefix match applies only to a request with no blocks"
             self.pool.touch(match.block_ids)
             request.block_ids.extend(match.block_ids)
+            if match.disk_blocks:
+                self._allocate_disk_hits(request, match)
             request.block_hashes.extend(match.block_hashes)
         total = request.num_computed_tokens + match.num_blocks * self.block_size + num_new_tokens
         num_new_blocks = self.num_blocks_for(total) - len(request.block_ids)
@@ -116,9 +148,21 @@ class KVCacheManager:
             request.block_ids.extend(self.pool.allocate(num_new_blocks, after=last, want=want))
         return True
 
+    def _allocate_disk_hits(self, request: Request, match: PrefixMatch) -> None:
+        """Fresh blocks for the disk hits, cached at once (their KV lands before the step runs)."""
+        last = request.block_ids[-1] if request.block_ids else None
+        block_ids = self.pool.allocate(len(match.disk_blocks), after=last)
+        disk_hashes = match.block_hashes[len(match.block_ids) :]
+        for block_id, block_hash, arrays in zip(block_ids, disk_hashes, match.disk_blocks):
+            self.pool.cache(block_id, block_hash)
+            self.to_load.append((block_id, arrays))
+        request.block_ids.extend(block_ids)
+        self._disk_memo = {}
+
     def _num_needed(self, request: Request, num_new_tokens: int, match: PrefixMatch) -> int:
         total = request.num_computed_tokens + match.num_blocks * self.block_size + num_new_tokens
-        num_new_blocks = max(0, self.num_blocks_for(total) - len(request.block_ids) - match.num_blocks)
+        # Disk hits need fresh blocks like new tokens; RAM hits bring their own.
+        num_new_blocks = max(0, self.num_blocks_for(total) - len(request.block_ids) - len(match.block_ids))
         # Matched blocks nobody holds sit in the free queue: locking them uses up free capacity.
         num_revived = sum(1 for b in match.block_ids if self.pool.is_free(b))
         return num_new_blocks + num_revived
@@ -135,6 +179,8 @@ class KVCacheManager:
             parent = chain_hash(parent, tokens, _block_extra(request, i, self.block_size))
             request.block_hashes.append(parent)
             self.pool.cache(request.block_ids[i], parent)
+            if self.disk is not None and self.pool.lookup(parent) == request.block_ids[i]:
+                self.to_offload.append((request.block_ids[i], parent))
 
     def free(self, request: Request) -> None:
         """Unlocks all the request's blocks, tail first so its prefix outlives its suffix in the cache."""

@@ -48,6 +48,11 @@ class Request:
     # The model attends bidirectionally over the prompt (PaliGemma's prefix-LM): the prompt is computed
     # in one chunk, and any token after it (a recompute's outputs) one per step.
     prefill_whole: bool = False
+    # Speculative decoding (engine/spec_decode/): tokens a drafter proposed after the last known one,
+    # verified by the next step that schedules them; and how many leading positions of the draft
+    # model's cache hold this request's actual tokens.
+    spec_token_ids: list[int] = field(default_factory=list)
+    draft_frontier: int = 0
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)

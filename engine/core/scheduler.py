@@ -21,11 +21,12 @@ class ScheduledRequest:
     request: Request
     start: int  # num_computed_tokens when scheduled
     num_new_tokens: int
+    num_spec_tokens: int = 0  # of the new tokens, drafted ones to verify (the last ones)
 
     @property
     def needs_sample(self) -> bool:
         """True when this chunk reaches the request's last token, so its logits give a new token."""
-        return self.start + self.num_new_tokens == self.request.num_tokens
+        return self.start + self.num_new_tokens == self.request.num_tokens + self.num_spec_tokens
 
 
 @dataclass
@@ -75,6 +76,8 @@ class Scheduler:
             if num_new == 0:
                 i += 1
                 continue
+            num_spec = self._num_spec(request, num_new, budget)
+            num_new += num_spec
             while not self.kv.allocate(request, num_new):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -82,10 +85,21 @@ class Scheduler:
                 if victim is request:
                     break
             else:
-                plan.scheduled.append(ScheduledRequest(request, request.num_computed_tokens, num_new))
+                plan.scheduled.append(
+                    ScheduledRequest(request, request.num_computed_tokens, num_new, num_spec)
+                )
                 budget -= num_new
                 i += 1
         return budget
+
+    @staticmethod
+    def _num_spec(request: Request, num_new: int, budget: int) -> int:
+        """Drafted tokens verified with a decode row, within what is left of the budget after it (the
+        drafts beyond are dropped: a later step drafts again)."""
+        if not request.spec_token_ids or num_new != 1 or request.num_pending_tokens:
+            return 0
+        del request.spec_token_ids[budget - 1 :]
+        return len(request.spec_token_ids)
 
     def _schedule_waiting(self, plan: SchedulerPlan, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
@@ -124,6 +138,8 @@ class Scheduler:
         self.running.remove(request)
         self.kv.free(request)
         request.num_computed_tokens = 0
+        request.spec_token_ids.clear()
+        request.draft_frontier = 0
         request.num_preemptions += 1
         request.status = RequestStatus.WAITING
         self.waiting.appendleft(request)
@@ -157,6 +173,15 @@ class Scheduler:
                 sampling.append(item)
             self.kv.cache_full_blocks(request)
         return sampling
+
+    def settle_drafts(self, request: Request, num_accepted: int) -> None:
+        """A verified row: the rejected drafts' KV no longer counts (the next steps overwrite it); the
+        accepted drafts join the step's sampled token as pending tokens, committed one by one."""
+        num_rejected = len(request.spec_token_ids) - num_accepted
+        assert num_rejected >= 0 and request.num_pending_tokens > 0
+        request.num_computed_tokens -= num_rejected
+        request.num_pending_tokens += num_accepted
+        request.spec_token_ids.clear()
 
     def commit(self, request: Request, token_id: int) -> None:
         """A pending token's value is known: it joins the request's tokens."""

@@ -8,7 +8,7 @@ sees every committed token here, once, and is dropped at every finish.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from engine.core.request import Request
 from engine.messages import FinishReason, RequestOutput, TokenLogprob
@@ -113,3 +113,18 @@ class OutputProcessor:
             num_cached_tokens=request.num_cached_tokens,
             index=request.index,
         )
+
+
+def merge_outputs(outputs: list[RequestOutput]) -> RequestOutput:
+    """One delta for several consecutive ones of the same request (a step that emitted several tokens)."""
+    assert outputs, "a verified row emits at least one token"
+    last = outputs[-1]
+    logprobs = None if last.logprobs is None else [lp for o in outputs for lp in o.logprobs or []]
+    return replace(
+        last,
+        new_token_ids=[t for o in outputs for t in o.new_token_ids],
+        new_text="".join(o.new_text for o in outputs),
+        logprobs=logprobs,
+        error=next((o.error for o in outputs if o.error), None),
+        error_param=next((o.error_param for o in outputs if o.error_param), None),
+    )

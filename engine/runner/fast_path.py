@@ -1,7 +1,8 @@
 """The contract every device fast path signs: a load-time check that says whether it applies to this model
 on this device and, if not, why; and a build that may still refuse once it has probed the model.
 
-Owns only the contract, what a path is chosen for and the check every path shares (`cache_refusal`);
+Owns only the contract, what a path is chosen for and the checks paths share (`cache_refusal`,
+`quantized_kv_refusal`);
 engine/runner/backends.py owns the choice and the list of paths, and each path lives in its device's
 folder (engine/runner/cpu/, engine/runner/cuda/).
 """
@@ -50,6 +51,15 @@ class FastPath(Protocol):
 
     def build(self, target: Target, picked: Mapping[str, str]) -> tuple[Any, str | None]:
         """(the path, None), or (None, why it refused after all); `picked`: role -> name chosen so far."""
+
+
+def quantized_kv_refusal(storage: KVStorage, reader: str) -> str | None:
+    """Why a path whose `reader` reads K/V of the model dtype straight from the pools must step aside
+    for a quantized storage (engine/runner/kv_quant.py), or None."""
+    if storage.quant is None:
+        return None
+    dtype = str(storage.dtype).removeprefix("mlx.core.")
+    return f"kv_cache_dtype {storage.kv_cache_dtype}: {reader} reads {dtype} K/V, not quantized pools"
 
 
 def cache_refusal(model: nn.Module, handles: tuple[type, ...] = (KVCache,)) -> str | None:

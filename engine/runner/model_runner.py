@@ -8,7 +8,8 @@ decode row whose input token is still pending takes it from the previous step's 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, field
 
 from engine.core.scheduler import ScheduledRequest, SchedulerPlan
 from engine.messages import ComputePaths
@@ -28,6 +29,10 @@ MIN_PAIR_RATIO = 0.5
 class StepLogits:
     items: list[ScheduledRequest]  # the items that sample, in row order of `logits`
     logits: mx.array  # (len(items), vocab) float32, lazy
+    # Decode rows with drafts to verify (engine/spec_decode/), and for each its logits at every new
+    # position, (num_new_tokens, vocab) float32, lazy. Not in `items`.
+    spec_items: list[ScheduledRequest] = field(default_factory=list)
+    spec_logits: list[mx.array] = field(default_factory=list)
 
 
 @dataclass
@@ -67,7 +72,8 @@ class ModelRunner:
 
     def execute(self, plan: SchedulerPlan, pending: DeviceTokens | None = None) -> StepLogits:
         decode = [s for s in plan.scheduled if s.num_new_tokens == 1]
-        prefill = [s for s in plan.scheduled if s.num_new_tokens > 1]
+        spec = [s for s in plan.scheduled if s.num_spec_tokens]
+        prefill = [s for s in plan.scheduled if s.num_new_tokens > 1 and not s.num_spec_tokens]
         items: list[ScheduledRequest] = []
         rows: list[mx.array] = []
         # Chunks of similar length two by two (a short partner would leave the long chunk alone
@@ -89,8 +95,50 @@ class ModelRunner:
             if item.needs_sample:
                 items.append(item)
                 rows.append(logits[:, -1, :])
+        spec_logits = self._forward_spec(spec)
         logits = mx.concatenate(rows).astype(mx.float32) if rows else mx.zeros((0, 1))
-        return StepLogits(items, logits)
+        return StepLogits(items, logits, spec, spec_logits)
+
+    def _forward_spec(self, spec: list[ScheduledRequest]) -> list[mx.array]:
+        """Logits at every position of each row with drafts: rows of one length run as one forward
+        (one per row where the model cannot batch)."""
+        if spec and getattr(self.decode, "rows_share_sequences", False):
+            return self._decode_spec(spec)
+        out: dict[int, mx.array] = {}
+        by_len: dict[int, list[int]] = {}
+        for i, item in enumerate(spec):
+            by_len.setdefault(item.num_new_tokens, []).append(i)
+        for num_new, members in by_len.items():
+            groups = [members] if self.layers.batched_decode else [[i] for i in members]
+            for group in groups:
+                chunk = [spec[i] for i in group]
+                tokens = mx.array([self._spec_tokens(item) for item in chunk], dtype=mx.int32)
+                logits = self._forward(chunk, num_new, tokens, all_positions=True).astype(mx.float32)
+                out.update({i: logits[j] for j, i in enumerate(group)})
+        return [out[i] for i in range(len(spec))]
+
+    def _decode_spec(self, spec: list[ScheduledRequest]) -> list[mx.array]:
+        """Rows with drafts through the decode path, one decode row per position: that path writes every
+        row's K/V before any row attends, so each position sees the ones before it."""
+        assert self.decode is not None
+        tokens: list[int] = []
+        starts: list[int] = []
+        tables: list[list[int]] = []
+        for item in spec:
+            table = item.request.block_ids[: -(-(item.start + item.num_new_tokens) // self.block_size)]
+            tokens += self._spec_tokens(item)
+            starts += range(item.start, item.start + item.num_new_tokens)
+            tables += [table] * item.num_new_tokens
+        logits = self.decode.step(mx.array(tokens, dtype=mx.int32), starts, tables).astype(mx.float32)
+        bounds = list(itertools.accumulate(s.num_new_tokens for s in spec))
+        return [logits[end - s.num_new_tokens : end] for s, end in zip(spec, bounds)]
+
+    @staticmethod
+    def _spec_tokens(item: ScheduledRequest) -> list[int]:
+        request = item.request
+        ids = request.all_token_ids[item.start :] + request.spec_token_ids
+        assert len(ids) == item.num_new_tokens, "a row with drafts has its input token known"
+        return ids
 
     def _forward_pair(self, pair: tuple[ScheduledRequest, ScheduledRequest]) -> list[mx.array]:
         assert self.paired is not None and self.head is not None
@@ -148,14 +196,17 @@ class ModelRunner:
         is_known = mx.array([t is not None for t in known])
         return mx.where(is_known, mx.array([t or 0 for t in known], dtype=mx.int32), from_device)[:, None]
 
-    def _forward(self, chunk: list[ScheduledRequest], num_new: int, tokens: mx.array) -> mx.array:
+    def _forward(
+        self, chunk: list[ScheduledRequest], num_new: int, tokens: mx.array, all_positions: bool = False
+    ) -> mx.array:
+        """(B, num_new, vocab) logits; a prefill chunk's only at its last position unless `all_positions`."""
         states: list[mx.array] = []
         if num_new == 1 and self.decode is not None:
             tables = [s.request.block_ids[: -(-(s.start + 1) // self.block_size)] for s in chunk]
             logits = self.decode.step(tokens[:, 0], [s.start for s in chunk], tables)[:, None, :]
         else:
             caches = self._caches(chunk, num_new)
-            if num_new > 1 and self.head is not None:
+            if num_new > 1 and self.head is not None and not all_positions:
                 hidden = self.model.model(tokens, cache=caches)
                 logits = self.head(hidden[:, -1:, :])
             else:

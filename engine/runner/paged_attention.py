@@ -3,7 +3,8 @@ models, on any device.
 
 Owns how one forward writes and reads the pools. A block of one head is one contiguous row, so the
 context gather is a row `take` straight into the (B, kv_heads, ctx, head_dim) layout that attention
-wants, with no transpose copy. Knows no device: a faster attention is handed in (`AttentionPaths`).
+wants, with no transpose copy. A quantized storage (engine/runner/kv_quant.py) is written as codes,
+scales and biases through the same slots and read back dequantized to the model dtype. Knows no device: a faster attention is handed in (`AttentionPaths`).
 Never decides which blocks a request gets: the model runner passes block tables that the scheduler's
 KV manager chose.
 
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from engine.runner.kv_storage import KVStorage
+from engine.runner.kv_storage import KVStorage, Side
 
 import mlx.core as mx
 
@@ -189,17 +190,20 @@ class PagedLayerCache:
                 # The pools hold the cached prefix only: read it, then add the new K/V.
                 prefix_len = self.layout.offset
                 assert isinstance(prefix_len, int), "deferred writes serve one row"
-                k_prefix = self._context(self.storage.keys[self.layer], prefix_len)
-                v_prefix = self._context(self.storage.values[self.layer], prefix_len)
+                k_prefix = self._context("keys", prefix_len)
+                v_prefix = self._context("values", prefix_len)
                 keys = mx.concatenate([k_prefix, keys], axis=2)
                 values = mx.concatenate([v_prefix, values], axis=2)
             self._fetched = (keys, values)
             return keys, values
-        k_pool, v_pool = self._write(self.storage.keys, keys), self._write(self.storage.values, values)
+        self._write("keys", keys)
+        self._write("values", values)
         if self.deferred:
-            return k_pool, v_pool
-        if not self.layout.fresh:  # a fresh row's context is exactly its new K/V: no need to read back
-            keys, values = self._context(k_pool), self._context(v_pool)
+            return self.keys, self.values
+        # A fresh row's context is exactly its new K/V: no need to read back (with a quantized pool,
+        # its own chunk then attends over unrounded K/V, as mlx-lm's plain cache would).
+        if not self.layout.fresh:
+            keys, values = self._context("keys"), self._context("values")
         self._fetched = (keys, values)
         return keys, values
 
@@ -217,50 +221,64 @@ class PagedLayerCache:
         return layout.paths.in_place.attend(queries, k_pool, v_pool, layout.in_place_plan, scale)
 
     def gather(self, k_pool: mx.array, v_pool: mx.array) -> tuple[mx.array, mx.array, mx.array | str | None]:
-        return self._context(k_pool), self._context(v_pool), self.layout.mask(None)
+        return self._context("keys"), self._context("values"), self.layout.mask(None)
 
-    def _write(self, pools: list[mx.array], new: mx.array) -> mx.array:
-        batch, heads, num_new, dim = new.shape
-        pool = pools[self.layer]
+    def _write(self, side: Side, new: mx.array) -> None:
+        """Writes this step's new K or V (B, heads, L, dim) into their slots: quantized first where the
+        storage is, then each of the side's arrays (data, scales, biases) the same way."""
+        if new.shape[-1] == 0:  # an empty V (minimax_m3's indexer keeps keys only): nothing to store
+            return
+        quant = self.storage.quant
+        encoded = quant.encode(new) if quant is not None else (new,)
+        for pools, part in zip(self.storage.side(side), encoded):
+            pools[self.layer] = self._scatter(pools[self.layer], part)
+
+    def _scatter(self, pool: mx.array, new: mx.array) -> mx.array:
+        batch, heads, num_new, width = new.shape
         _, num_blocks, block_size, _ = pool.shape
-        if dim == 0:  # an empty V (minimax_m3's indexer keeps keys only): nothing to store
-            return pool
         layout = self.layout
         if layout.single_slot is not None:
             block, slot = layout.single_slot
             pool[:, block, slot : slot + 1, :] = new[0]
-        else:
-            # Row views: one token's vector per written row.
-            write_rows, _ = layout.rows(heads, num_blocks)
-            flat = pool.reshape(heads * num_blocks * block_size, dim)
-            flat[write_rows] = new.transpose(1, 0, 2, 3).reshape(heads * batch * num_new, dim)
-            pool = flat.reshape(heads, num_blocks, block_size, dim)
-        pools[self.layer] = pool
-        return pool
+            return pool
+        # Row views: one token's vector per written row.
+        write_rows, _ = layout.rows(heads, num_blocks)
+        flat = pool.reshape(heads * num_blocks * block_size, width)
+        flat[write_rows] = new.transpose(1, 0, 2, 3).reshape(heads * batch * num_new, width)
+        return flat.reshape(heads, num_blocks, block_size, width)
 
     def write_deferred(self) -> None:
         """Writes the K/V that this layer's forward kept back (StepLayout's `defer_writes`)."""
         assert self._kept is not None, "update_and_fetch kept nothing back"
         (keys, values), self._kept = self._kept, None
-        self._write(self.storage.keys, keys)
-        self._write(self.storage.values, values)
+        self._write("keys", keys)
+        self._write("values", values)
 
-    def _context(self, pool: mx.array, length: int | None = None) -> mx.array:
-        """Each row's context (B, heads, ctx, dim); one row's is cut to `length` tokens (default:
-        all it has, the new ones included)."""
-        heads, num_blocks, block_size, dim = pool.shape
+    def _context(self, side: Side, length: int | None = None) -> mx.array:
+        """Each row's context (B, heads, ctx, dim) in the model dtype; one row's is cut to `length`
+        tokens (default: all it has, the new ones included). A quantized side is gathered as codes,
+        scales and biases, then dequantized: the gather moves the small arrays."""
+        parts = [pools[self.layer] for pools in self.storage.side(side)]
+        heads, _, _, width = parts[0].shape
         layout = self.layout
-        if dim == 0:
+        if width == 0:
             ctx_len = layout.ctx_len if layout.batch > 1 or length is None else length
-            return mx.zeros((layout.batch, heads, ctx_len, 0), pool.dtype)
+            return mx.zeros((layout.batch, heads, ctx_len, 0), self.storage.dtype)
+        gathered = [self._gather(part, length) for part in parts]
+        quant = self.storage.quant
+        return quant.decode(*gathered) if quant is not None else gathered[0]
+
+    def _gather(self, pool: mx.array, length: int | None) -> mx.array:
+        heads, num_blocks, block_size, width = pool.shape
+        layout = self.layout
         if layout.block_run is not None:
             first, count = layout.block_run
-            context = pool[:, first : first + count].reshape(1, heads, count * block_size, dim)
+            context = pool[:, first : first + count].reshape(1, heads, count * block_size, width)
         else:
             # One block of one head per row: `take` copies whole rows, batch-major.
             _, read_rows = layout.rows(heads, num_blocks)
-            context = mx.take(pool.reshape(heads * num_blocks, block_size * dim), read_rows, axis=0)
-            context = context.reshape(layout.batch, heads, -1, dim)
+            context = mx.take(pool.reshape(heads * num_blocks, block_size * width), read_rows, axis=0)
+            context = context.reshape(layout.batch, heads, -1, width)
         if layout.batch > 1:
             return context
         return context[:, :, : (layout.ctx_len if length is None else length)]

@@ -65,6 +65,23 @@ def test_values_of_two_replicas_add_up():
     assert success == {"stop": 0, "length": 2, "abort": 0, "error": 2}
 
 
+def test_speculative_decoding_counters_add_up_per_draft_position():
+    first = EngineStats(spec_num_drafts=3, spec_num_draft_tokens=12, spec_num_accepted_tokens=5)
+    first.spec_accepted_per_pos = [3, 2, 0, 0]
+    second = EngineStats(spec_num_drafts=1, spec_num_draft_tokens=4, spec_num_accepted_tokens=4)
+    second.spec_accepted_per_pos = [1, 1, 1, 1]
+    families = parsed(render_metrics([("smol", total_stats([first, second]))]))
+    assert families["vllm:spec_decode_num_drafts"][0].value == 4
+    assert families["vllm:spec_decode_num_draft_tokens"][0].value == 16
+    assert families["vllm:spec_decode_num_accepted_tokens"][0].value == 9
+    per_pos = {
+        s.labels["position"]: s.value for s in families["vllm:spec_decode_num_accepted_tokens_per_pos"]
+    }
+    assert per_pos == {"0": 4, "1": 3, "2": 1, "3": 1}
+    plain = parsed(render_metrics([("smol", EngineStats())]))
+    assert "vllm:spec_decode_num_accepted_tokens_per_pos" not in plain  # no model speculates
+
+
 def test_histogram_buckets_are_cumulative():
     total = total_stats([replica([0.003, 0.3], running=0), replica([0.003, 5000.0], running=0)])
     samples = parsed(render_metrics([("smol", total)]))["vllm:time_to_first_token_seconds"]
@@ -90,3 +107,10 @@ def test_several_models_share_one_header_per_metric_and_differ_by_model_name():
     families = parsed(text)  # prometheus_client's parser refuses a family split in two
     running = {s.labels["model_name"]: s.value for s in families["vllm:num_requests_running"]}
     assert running == {"chat": 3, "coder": 0}
+
+
+def test_the_disk_tier_counters_add_up_under_our_own_names():
+    replicas = [EngineStats(prefix_cache_disk_hits=64, prefix_cache_disk_writes_dropped=1)] * 2
+    families = parsed(render_metrics([("smol", total_stats(replicas))]))
+    assert families["mlx_ray_serve:prefix_cache_disk_hits"][0].value == 128
+    assert families["mlx_ray_serve:prefix_cache_disk_writes_dropped"][0].value == 2

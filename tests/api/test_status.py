@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from engine.messages import ComputePaths, EngineStats, LiveRequestStats
 
 from api.status import status_body, total_stats
@@ -49,8 +51,14 @@ def test_each_replica_row_shows_its_compute_paths_and_the_total_none():
     paths = {"attention": "gather", "math": "mlx", "prefill": "one_at_a_time", "kv_write": "the paged cache"}
     fast = ComputePaths("cpu", "float32", "openblas", "loaded", config, "Haswell", "c_forward", **paths)
     slow = ComputePaths("cpu", "float32", "reference", "no OpenBLAS", None, None, "mlx", **paths)
+    slow = replace(slow, kv_cache_dtype="int8", kv_bytes_per_token=12960, kv_capacity_tokens=20704)
     body = status_body("smol", [("r1", EngineStats(compute=fast)), ("r2", EngineStats(compute=slow))], [])
     assert [r["compute"]["decode"] for r in body["replicas"]] == ["c_forward", "mlx"]
     assert body["replicas"][0]["compute"]["blas_core"] == "Haswell"
     assert body["replicas"][1]["compute"]["blas"] == "reference"
+    kv = {
+        k: body["replicas"][1]["compute"][k]
+        for k in ("kv_cache_dtype", "kv_bytes_per_token", "kv_capacity_tokens")
+    }
+    assert kv == {"kv_cache_dtype": "int8", "kv_bytes_per_token": 12960, "kv_capacity_tokens": 20704}
     assert "compute" not in body["total"]

@@ -1,9 +1,10 @@
 """Batched decode steps of Llama-family models as one C call on MLX's CPU backend (engine/runner/cpu/cpu_decode.c).
 
-Owns the kernel's build (the system C compiler, once per model shape, into the per-user cache), the
-checks that it may serve a model, and the call. Reads the weights and the paged pools where MLX keeps
-them; writes only the decode rows' new K/V slots, the same slots MLX's path would write. Never chooses
-blocks.
+Owns the kernel's build (the system C compiler, once per model shape and KV encoding, into the per-user
+cache), the checks that it may serve a model, and the call; the load probe that compares it with MLX is
+engine/runner/cpu/cpu_decode_probe.py's. Reads the weights and the paged pools where MLX keeps them (float32,
+or int8/int4 codes with their scales and biases: engine/runner/kv_quant.py); writes only the decode rows'
+new K/V slots, the same slots and encoding MLX's path would write. Never chooses blocks.
 
 Why: a 16-row decode step of SmolLM2-135M is about 1,000 MLX operations. On the CPU backend each one
 is dispatched to MLX's stream thread, and batched decode attention alone costs about a hundred BLAS
@@ -27,7 +28,9 @@ from pathlib import Path
 
 from engine.platform.blas import blas_state
 from engine.platform.paths import cache_dir
-from engine.runner.fast_path import Target, cache_refusal
+from engine.runner.cpu.cpu_decode_probe import probe_refusal
+from engine.runner.fast_path import Target, cache_refusal, quantized_kv_refusal
+from engine.runner.kv_quant import group_size
 from engine.runner.kv_storage import KVStorage
 
 import mlx.core as mx
@@ -38,16 +41,19 @@ logger = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("cpu_decode.c")
 _ENV_CC = "CC"
-# Logits of the C forward and of MLX's differ by summation order only; the load probe allows this much
-# (relative to the largest logit): measured 2e-6 on SmolLM2-135M.
-_PROBE_TOLERANCE = 1e-3
+_KERNEL_BITS = (8, 4)  # the quantized pools the kernel reads and writes
 
 
 class CpuDecode:
     """Calls the built kernel for one decode step: (rows,) tokens at (rows,) positions -> (rows, vocab)."""
 
+    # Every row's K/V is written before any row attends, layer by layer: rows of one sequence at
+    # consecutive positions (a row's drafts to verify, engine/spec_decode/) run as one call.
+    rows_share_sequences = True
+
     def __init__(self, lib: ctypes.CDLL, sgemm: int, weights: list[mx.array], vocab: int, storage: KVStorage):
         self._storage = storage
+        self._lib = lib
         self._fn = lib.decode_forward
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 3
@@ -65,8 +71,8 @@ class CpuDecode:
         pools: list[np.ndarray],
         pool_blocks: int,
     ) -> np.ndarray:
-        """tokens, positions (rows,) int32; tables (rows, max_blocks) int32; pools K0, V0, K1, V1, ...
-        as float32 views of (kv_heads, pool_blocks, block_size, head_dim). Runs synchronously."""
+        """tokens, positions (rows,) int32; tables (rows, max_blocks) int32; `pools` as `pool_arrays`
+        orders them, each a view of (kv_heads, pool_blocks, block_size, width). Runs synchronously."""
         rows, max_blocks = tables.shape
         logits = np.empty((rows, self.vocab), dtype=np.float32)
         pointers = (ctypes.c_void_p * len(pools))(*(p.ctypes.data for p in pools))
@@ -85,12 +91,34 @@ class CpuDecode:
         mx.eval(storage.arrays())
         width = max(len(t) for t in tables)
         table = np.array([t + [t[-1]] * (width - len(t)) for t in tables], dtype=np.int32)
-        pools = [_view(a) for pair in zip(storage.keys, storage.values) for a in pair]
+        pools = [_view(a) for a in self.pool_arrays(storage)]
         logits = self(
             np.array(tokens.tolist(), dtype=np.int32), np.array(starts, dtype=np.int32), table, pools,
             storage.keys[0].shape[1],
         )  # fmt: skip
         return mx.array(logits)
+
+    @staticmethod
+    def pool_arrays(storage: KVStorage) -> list[mx.array]:
+        """The pools in the kernel's order: per layer K then V, each its data and, quantized, its scales
+        and biases (cpu_decode.c's `head_side`)."""
+        keys, values = storage.side("keys"), storage.side("values")
+        num_layers = len(storage.shapes)
+        return [part[layer] for layer in range(num_layers) for side in (keys, values) for part in side]
+
+    def quantize(self, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(n, head_dim) float32 -> the codes, scales and biases the kernel writes for them (a quantized
+        build only): what the load probe and the tests compare with mx.quantize."""
+        quant = self._storage.quant
+        assert quant is not None, "a float32 build writes K/V as they are"
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        n, dim = vectors.shape
+        codes_w, scales_w, _ = quant.widths(dim)
+        codes = np.empty((n, codes_w), np.uint32)
+        scales, biases = np.empty((n, scales_w), np.float32), np.empty((n, scales_w), np.float32)
+        pointers = [ctypes.c_void_p(a.ctypes.data) for a in (vectors, codes, scales, biases)]
+        self._lib.kv_quantize(pointers[0], ctypes.c_int(n), *pointers[1:])
+        return codes, scales, biases
 
 
 class CForwardDecode:
@@ -106,8 +134,12 @@ class CForwardDecode:
             return "needs MLX's CPU backend"
         if blas_state().path is None:
             return "no BLAS library is loaded"
+        quant = target.storage.quant
+        # int8/int4 pools are read and written as MLX's gather path does; any other encoding is not.
+        unknown = quant is not None and quant.bits not in _KERNEL_BITS
+        quantized = quantized_kv_refusal(target.storage, "the C forward") if unknown else None
         # The kernel attends over every past token: a windowed layer (mistral's) would read too far back.
-        return cache_refusal(target.model) or _llama_refusal(target.model, target.storage)
+        return quantized or cache_refusal(target.model) or _llama_refusal(target.model, target.storage)
 
     def build(self, target: Target, picked: Mapping[str, str]) -> tuple[CpuDecode | None, str | None]:
         model, storage = target.model, target.storage
@@ -131,16 +163,15 @@ class CForwardDecode:
         sgemm = ctypes.cast(ctypes.CDLL(str(blas_state().path)).cblas_sgemm, ctypes.c_void_p).value
         assert sgemm is not None, "the loaded BLAS exports cblas_sgemm"
         decode = CpuDecode(ctypes.CDLL(str(library)), sgemm, weights, int(sizes["VOCAB"]), storage)
-        if not _probe_matches(decode, model, sizes):
-            return None, "its logits differ from MLX's on the load probe"
-        return decode, None
+        refusal = probe_refusal(decode, model, storage)
+        return (None, refusal) if refusal else (decode, None)
 
 
 def _llama_refusal(model: nn.Module, storage: KVStorage) -> str | None:
     """Why the kernel cannot serve `model`, or None where it is mlx-lm's Llama with plain float32 layers."""
     if type(model).__module__ != "mlx_lm.models.llama":
         return f"serves mlx-lm's llama models only, not {type(model).__module__}"
-    if storage.keys[0].dtype != mx.float32:
+    if storage.dtype != mx.float32:
         return "serves float32 weights and KV only"
     backbone, args = model.model, model.args
     layers = backbone.layers
@@ -167,12 +198,15 @@ def _llama_sizes(model: nn.Module, storage: KVStorage) -> dict[str, int | str]:
     layers = backbone.layers
     attn = layers[0].self_attn
     rope = attn.rope
-    return {
+    sizes: dict[str, int | str] = {
         "H": args.hidden_size, "NQ": attn.n_heads, "KVH": attn.n_kv_heads, "HD": attn.head_dim,
         "FF": args.intermediate_size, "BS": storage.block_size, "NL": len(layers),
         "VOCAB": backbone.embed_tokens.weight.shape[0],
         "EPS": f"{float(layers[0].input_layernorm.eps)!r}f", "ROPE_BASE": f"{float(rope.base)!r}f",
     }  # fmt: skip
+    if storage.quant is not None:
+        sizes |= {"KV_BITS": storage.quant.bits, "KV_GROUP": group_size(attn.head_dim)}
+    return sizes
 
 
 def _projections(layer: nn.Module) -> tuple[nn.Module, ...]:
@@ -221,37 +255,11 @@ def _cpu_id() -> str:
     return f"{platform.machine()} {flags}"
 
 
-def _probe_matches(decode: CpuDecode, model: nn.Module, sizes: dict[str, int | str]) -> bool:
-    """Decodes a short sequence token by token, two rows at once (one of them a block further on), and
-    compares every step's logits with MLX's forward over the whole sequence."""
-    from mlx_lm.models.cache import KVCache
-
-    tokens = [1, 2, 3, 4, 5, 6]
-    kv_heads, head_dim, block_size = int(sizes["KVH"]), int(sizes["HD"]), int(sizes["BS"])
-    num_blocks = 2 * (-(-len(tokens) // block_size))
-    pools = [
-        np.zeros((kv_heads, num_blocks, block_size, head_dim), np.float32)
-        for _ in range(2 * int(sizes["NL"]))
-    ]
-    half = num_blocks // 2
-    tables = np.array([list(range(half)), list(range(half, num_blocks))[::-1]], dtype=np.int32)
-    expected = model(mx.array([tokens]), cache=[KVCache() for _ in model.model.layers])[0]
-    mx.eval(expected)
-    reference = np.asarray(expected)
-    scale = max(1.0, float(np.abs(reference).max()))
-    for pos, token in enumerate(tokens):
-        logits = decode(
-            np.array([token, token], np.int32), np.array([pos, pos], np.int32), tables, pools, num_blocks
-        )
-        if not np.allclose(logits, reference[pos][None], rtol=0, atol=_PROBE_TOLERANCE * scale):
-            logger.warning("C decode kernel's logits differ from MLX's at position %d: not used", pos)
-            return False
-    return True
-
-
 def _view(array: mx.array) -> np.ndarray:
-    """A zero-copy float32 view of an evaluated, row-contiguous MLX array."""
+    """A zero-copy view of an evaluated, row-contiguous float32 (or uint32 codes) MLX array."""
     mx.eval(array)
     view = np.asarray(array)
-    assert view.dtype == np.float32 and view.flags["C_CONTIGUOUS"], "the kernel reads plain float32 arrays"
+    assert view.dtype in (np.float32, np.uint32) and view.flags["C_CONTIGUOUS"], (
+        "the kernel reads plain arrays"
+    )
     return view

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from engine.runner import attention_hook
 from engine.runner.cpu import cpu_math
-from engine.runner.fast_path import Target, cache_refusal
+from engine.runner.fast_path import Target, cache_refusal, quantized_kv_refusal
 
 import mlx.core as mx
 import numpy as np
@@ -83,7 +83,9 @@ class InPlaceWindows:
     devices: tuple[str, ...] = ("cpu",)
 
     def applies(self, target: Target) -> str | None:
-        return cache_refusal(target.model)  # its windows cover every past token of a row
+        # Its windows multiply queries against the pools in place: codes would need dequantizing first.
+        quantized = quantized_kv_refusal(target.storage, "gather_mm over the pools")
+        return quantized or cache_refusal(target.model)  # its windows cover every past token of a row
 
     def build(self, target: Target, picked: Mapping[str, str]) -> tuple[WindowedAttention | None, str | None]:
         # The hook must reach every layer: a layer that calls MLX's attention itself would read raw pools.

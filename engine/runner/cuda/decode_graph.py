@@ -22,7 +22,7 @@ from engine.runner import attention_hook
 from engine.runner.cuda import cuda_attention
 from engine.runner.cuda.fused_mlp import fuse_gate_up
 from engine.runner.cuda.small_matmul import matmul_t, use_small_rows_kernel
-from engine.runner.fast_path import Target, cache_refusal
+from engine.runner.fast_path import Target, cache_refusal, quantized_kv_refusal
 from engine.runner.kv_storage import KVStorage
 
 import mlx.core as mx
@@ -45,6 +45,9 @@ class CudaGraphDecode:
         if getattr(target.model, "mrope", False):
             return "M-RoPE rows need explicit positions; the graph places rows at 1-D cache offsets"
         storage = target.storage
+        quantized = quantized_kv_refusal(storage, "the paged attention kernel")
+        if quantized is not None:
+            return quantized
         head_dims = [(s.k_head_dim, s.v_head_dim) for s in storage.shapes]
         if not all(k == v and cuda_attention.supports(k, storage.keys[0].dtype) for k, v in head_dims):
             return "the kernel needs equal K and V head dims, a multiple of 32 up to 256"

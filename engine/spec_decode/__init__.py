@@ -1,0 +1,1 @@
+"""Speculative decoding: drafters propose tokens, the batched step verifies them (rejection sampling)."""
