@@ -110,7 +110,7 @@ def served(tmp_path_factory) -> Iterator[Served]:
                 raise RuntimeError(f"{exc}\n{server.log_tail()}") from None
             yield Served(server.base_url, address, folder / "kv-disk")
         finally:
-            serve_proc.stop(server)
+            serve_proc.stop(server, grace_s=10.0)  # the cluster goes next: no graceful stop to wait for
     finally:
         cluster.terminate()
         cluster.wait(120)

@@ -47,7 +47,7 @@ def _batch(llm: LLMEngine, only: set[str] | None = None) -> dict[int, list[Gener
     """Drafting requests (greedy edits, stops, penalties, min_tokens) and ones that decode plainly
     (logprobs, n > 1, a grammar), arriving over the first steps."""
     edit = [chat_ids(llm, f"{CODE}\nRewrite this code: {task}. Output only the code.") for task in EDITS]
-    greedy = {"temperature": 0.0, "max_tokens": 40}
+    greedy = {"temperature": 0.0, "max_tokens": 28}
     requests = [GenerateRequest(f"edit{i}", ids, SamplingParams(**greedy)) for i, ids in enumerate(edit)]
     requests += [
         GenerateRequest("stop", edit[0], SamplingParams(**greedy, stop=["return"])),
