@@ -243,12 +243,12 @@ class LLMEngine:
                 outputs += self._fail_step([request], exc, "verification")
                 continue
             self.scheduler.settle_drafts(request, len(token_ids) - 1)
-            sampled = [
-                self._commit([item], {request.request_id: t}, {})
-                for t in token_ids
-                if not request.is_finished
-            ]
-            outputs.append(merge_outputs([o for out in sampled for o in out]))
+            emitted: list[RequestOutput] = []
+            for token_id in token_ids:
+                if request.is_finished:  # a stop on an earlier token: the rest are not emitted
+                    break
+                emitted += self._commit([item], {request.request_id: token_id}, {})
+            outputs.append(merge_outputs(emitted))
         return outputs
 
     def _sample_on_host(self, step: StepLogits, sampling: list[ScheduledRequest]) -> list[RequestOutput]:

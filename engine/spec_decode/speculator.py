@@ -101,18 +101,14 @@ class Speculator:
         """A draft model's drafts for the scheduled rows with slots; drafts not scheduled are dropped."""
         if self.draft is None:
             return
+        # Distributions live from this step's fill to its verify: a row aborted or failed in between
+        # leaves nothing behind.
+        self._drafts = {}
         items = [s for s in scheduled if s.num_spec_tokens]
         rows = [_rows(s.request, [], self.eos_token_ids)[0] for s in items]
         for item, drafts in zip(items, self.draft.propose(items, rows, self._uniforms)):
             item.request.spec_token_ids[:] = drafts.token_ids
             self._drafts[item.request.request_id] = drafts
-
-    def drop(self, requests: list[Request]) -> None:
-        """Drafts of requests that were not scheduled, or whose step failed."""
-        for request in requests:
-            if self.draft is not None:  # placeholders: a later step drafts again
-                request.spec_token_ids.clear()
-            self._drafts.pop(request.request_id, None)
 
     def verify(self, item: ScheduledRequest, logits: mx.array) -> list[int]:
         """The tokens `item`'s row emits; updates the counters and the draft model's frontier."""
