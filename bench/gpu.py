@@ -1,17 +1,23 @@
-"""GPU benchmark of the engine against mlx-lm on a random-weight Llama-3.2-1B-shaped model. No network.
+"""GPU benchmark of the engine against mlx-lm on random-weight Llama shapes (bench/gpu_models.py). No network.
 
-    python bench/gpu.py [--out bench/results/gpu.json] [--batches 1,8,32,64,128] [--max-tokens 128]
+    python bench/gpu.py [--shapes 1b,8b,8b-4bit] [--batches 1,8,32,64,128] [--max-tokens 128]
+        [--engine key=value ...] [--baseline key=value ...] [--check] [--out bench/results/gpu.json]
 
-Rows: the two ceilings (bf16 matmul TFLOP/s, copy GB/s counting bytes read and written); decode
-tokens/s of this engine and of mlx-lm's BatchGenerator at each batch size, each as a share of the
-memory-bandwidth roofline (every weight read once per step: batch x copy bandwidth / weight bytes);
-prefill tokens/s of one 2,048-token prompt as a share of the matmul roofline (2 x non-embedding
-parameters FLOPs per token); and a greedy check (`--check`) that the GPU engine's tokens match the
-CPU engine's and mlx-lm's.
+Rows, each naming the device (`mx.device_info()["device_name"]`, e.g. "NVIDIA H100 80GB HBM3"): the two
+ceilings (bf16 matmul TFLOP/s, copy GB/s counting bytes read and written); per shape, decode tokens/s of
+the engine and of mlx-lm's BatchGenerator at each batch size, each as a share of the memory-bandwidth
+roofline (batch x copy bandwidth / bytes a step reads: every stored weight tensor once, as stored, so a
+4-bit model counts its packed weights, scales and biases; an untied input embedding table is left out, as a
+step reads only its batch's rows, and a tied one counted once since the output head reads all of it);
+prefill tokens/s of one 2,048-token prompt as a share of the matmul roofline (2 FLOPs per token per
+logical parameter outside the embedding table and output head); at batch 64, the engine's decode with all
+rows greedy against one row in five sampled (temperature 0.8, top_p 0.95, seeded); and, with `--check`,
+a greedy check that the GPU engine's tokens match the CPU engine's and mlx-lm's.
 
-The model: mlx-lm's `llama` architecture with Llama-3.2-1B's config and random bf16 weights, saved
-as an mlx-lm directory with a generated word-level tokenizer ("t0".."t128255"), so the engine loads
-it through its ordinary `EngineConfig(model=<dir>)` path.
+`--engine key=value` sets EngineConfig fields of the engine under test (values parsed as JSON where they
+parse); `--baseline key=value` runs the engine again in the same process with those fields on top of
+`--engine`'s (e.g. `--baseline cuda_graph=false`) and reports both. The engine, its baseline and mlx-lm
+load one after another, each freed before the next, so an 80 GB card holds the 8B bf16 model once at a time.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from pathlib import Path
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import argparse
+import dataclasses
+import gc
 import json
 import platform
 import tempfile
@@ -34,56 +42,31 @@ from engine.llm_engine import LLMEngine
 from engine.messages import GenerateRequest, SamplingParams
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
-from mlx_lm.generate import BatchGenerator, generate_step
-from mlx_lm.models import llama
+from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load as mlx_lm_load
+from pydantic import ValidationError
 
-LLAMA_1B = {
-    "model_type": "llama",
-    "hidden_size": 2048,
-    "num_hidden_layers": 16,
-    "intermediate_size": 8192,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 64,
-    "rms_norm_eps": 1e-5,
-    "vocab_size": 128256,
-    "rope_theta": 500000.0,
-    "rope_scaling": {
-        "factor": 32.0,
-        "high_freq_factor": 4.0,
-        "low_freq_factor": 1.0,
-        "original_max_position_embeddings": 8192,
-        "rope_type": "llama3",
-    },
-    "tie_word_embeddings": True,
-    "max_position_embeddings": 131072,
-}
-TINY = {**LLAMA_1B, "hidden_size": 256, "num_hidden_layers": 2, "intermediate_size": 512, "vocab_size": 4096}
+from bench.gpu_check import PAIRS, greedy_check
+from bench.gpu_models import BuiltModel, Shape, build_model_dir, parse_shapes
+
+GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
+SAMPLED = SamplingParams(temperature=0.8, top_p=0.95, ignore_eos=True)
+SAMPLED_EVERY = 5  # the mixed row: one request in five sampled, the rest greedy
+_T0 = time.perf_counter()
 
 
-# ---- the model ----------------------------------------------------------------------------------
+def log(msg: str) -> None:
+    """A progress line: runs are remote and long, so each step says when it ended and what memory holds."""
+    active = mx.get_active_memory() / 1e9
+    print(
+        f"[{time.strftime('%H:%M:%S')} +{time.perf_counter() - _T0:6.0f}s {active:5.1f} GB] {msg}", flush=True
+    )
 
 
-def build_model_dir(path: Path, config: dict, seed: int = 0) -> int:
-    """Writes config, random bf16 weights and a word-level tokenizer; returns the parameter count."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    mx.random.seed(seed)
-    model = llama.Model(llama.ModelArgs.from_dict(config))
-    model.set_dtype(mx.bfloat16)
-    weights = dict(tree_flatten(model.parameters()))
-    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
-    (path / "config.json").write_text(json.dumps(config))
-    vocab = {f"t{i}": i for i in range(config["vocab_size"])}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.save(str(path / "tokenizer.json"))
-    tok_config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "t0", "eos_token": "t1"}
-    (path / "tokenizer_config.json").write_text(json.dumps(tok_config))
-    return sum(v.size for v in weights.values())
+def free_memory() -> None:
+    gc.collect()
+    mx.clear_cache()
 
 
 def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -112,15 +95,43 @@ def ceilings(n: int = 8192, copy_elems: int = 1 << 29) -> dict:
     return {"matmul_tflops": 2 * n**3 / matmul_s / 1e12, "copy_gbs": 2 * x.nbytes / copy_s / 1e9}
 
 
-# ---- decode -------------------------------------------------------------------------------------
+# ---- the engine ---------------------------------------------------------------------------------
 
 
-def engine_decode(llm: LLMEngine, batch: list[list[int]], max_tokens: int) -> float:
-    """Tokens/s from the moment every request has its first token until all finish (decode only)."""
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+def parse_overrides(items: list[str]) -> dict:
+    overrides = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--engine and --baseline take key=value, got {item!r}")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    return overrides
+
+
+def engine_config(model_dir: Path, overrides: dict, **fixed) -> EngineConfig:
+    """The bench's defaults, then the command line's overrides, then what a measurement must fix."""
+    defaults = {
+        "model": str(model_dir),
+        "max_num_batched_tokens": 2048,
+        "kv_cache_memory_bytes": 8 << 30,
+        "enable_prefix_caching": False,
+    }
+    return EngineConfig(**{**defaults, **overrides, **fixed})
+
+
+def engine_decode(llm: LLMEngine, batch: list[list[int]], max_tokens: int, sampled_every: int = 0) -> float:
+    """Tokens/s from the moment every request has its first token until all finish (decode only).
+    With `sampled_every` n, rows 0, n, 2n, ... sample (seeded by row) and the rest are greedy."""
     tag = time.monotonic_ns()
     for i, ids in enumerate(batch):
-        llm.add_request(GenerateRequest(f"d{tag}-{i}", ids, params))
+        sampled = sampled_every and i % sampled_every == 0
+        params = dataclasses.replace(SAMPLED, seed=i) if sampled else GREEDY
+        llm.add_request(
+            GenerateRequest(f"d{tag}-{i}", ids, dataclasses.replace(params, max_tokens=max_tokens))
+        )
     started: set[str] = set()
     t0, num_tokens = None, 0
     while llm.has_unfinished_requests():
@@ -132,6 +143,41 @@ def engine_decode(llm: LLMEngine, batch: list[list[int]], max_tokens: int) -> fl
         if t0 is None and len(started) == len(batch):
             t0 = time.perf_counter()
     return num_tokens / (time.perf_counter() - t0)
+
+
+def engine_prefill(llm: LLMEngine, ids: list[int]) -> float:
+    params = dataclasses.replace(GREEDY, max_tokens=1)
+    llm.add_request(GenerateRequest(f"p{time.monotonic_ns()}", ids, params))
+    t0 = time.perf_counter()
+    while llm.has_unfinished_requests():
+        llm.step()
+    return len(ids) / (time.perf_counter() - t0)
+
+
+def measure_engine(label: str, config: EngineConfig, work: dict) -> dict:
+    """Decode at each batch, prefill and the mixed-sampling pair, each after a warm-up round."""
+    llm = LLMEngine(config)
+    paths = dataclasses.asdict(llm.compute) if hasattr(llm, "compute") else {}
+    log(f"{label}: loaded, decode path {paths.get('decode', '?')}, sampling {paths.get('sampling', '?')}")
+    decode = {}
+    for b, batch in work["batches"].items():
+        engine_decode(llm, batch, 8)  # compiles this batch's kernels
+        decode[b] = engine_decode(llm, batch, work["max_tokens"])
+        log(f"{label}: batch {b} decode {decode[b]:,.0f} tok/s")
+    engine_prefill(llm, work["prefill_ids"])
+    prefill = engine_prefill(llm, work["prefill_ids"])
+    log(f"{label}: prefill {prefill:,.0f} tok/s")
+    mixed = {}
+    for name, every in (("greedy_tok_s", 0), ("mixed_tok_s", SAMPLED_EVERY)):
+        engine_decode(llm, work["mixed_batch"], 8, every)
+        mixed[name] = engine_decode(llm, work["mixed_batch"], work["max_tokens"], every)
+    mixed["ratio"] = mixed["mixed_tok_s"] / mixed["greedy_tok_s"]
+    log(f"{label}: mixed sampling {mixed['mixed_tok_s']:,.0f} vs greedy {mixed['greedy_tok_s']:,.0f} tok/s")
+    llm.close()
+    return {"compute_paths": paths, "decode": decode, "prefill_tok_s": prefill, "mixed": mixed}
+
+
+# ---- mlx-lm -------------------------------------------------------------------------------------
 
 
 def batchgen_decode(model, batch: list[list[int]], max_tokens: int) -> float:
@@ -151,18 +197,6 @@ def batchgen_decode(model, batch: list[list[int]], max_tokens: int) -> float:
     return num_tokens / (time.perf_counter() - t0)
 
 
-# ---- prefill ------------------------------------------------------------------------------------
-
-
-def engine_prefill(llm: LLMEngine, ids: list[int]) -> float:
-    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-    llm.add_request(GenerateRequest(f"p{time.monotonic_ns()}", ids, params))
-    t0 = time.perf_counter()
-    while llm.has_unfinished_requests():
-        llm.step()
-    return len(ids) / (time.perf_counter() - t0)
-
-
 def mlx_lm_prefill(model, ids: list[int]) -> float:
     cache = make_prompt_cache(model)
     tokens = mx.array([ids])
@@ -171,171 +205,217 @@ def mlx_lm_prefill(model, ids: list[int]) -> float:
     return len(ids) / (time.perf_counter() - t0)
 
 
+def measure_mlx_lm(model_dir: Path, work: dict) -> dict:
+    model, _ = mlx_lm_load(str(model_dir))
+    log("mlx-lm: loaded")
+    decode = {}
+    for b, batch in work["batches"].items():
+        batchgen_decode(model, batch, 8)
+        decode[b] = batchgen_decode(model, batch, work["max_tokens"])
+        log(f"mlx-lm: batch {b} BatchGenerator {decode[b]:,.0f} tok/s")
+    mlx_lm_prefill(model, work["prefill_ids"])
+    prefill = mlx_lm_prefill(model, work["prefill_ids"])
+    log(f"mlx-lm: prefill {prefill:,.0f} tok/s")
+    return {"decode": decode, "prefill_tok_s": prefill}
+
+
 # ---- greedy check -------------------------------------------------------------------------------
 
 
-def engine_greedy(model_dir: Path, device: str, dtype: str, batch: list[list[int]], n: int) -> list[dict]:
-    """All prompts at once (a padded decode bucket on the GPU); per prompt its tokens and top-5 logprobs."""
-    llm = LLMEngine(_engine_config(model_dir, device, dtype, max_num_seqs=len(batch)))
-    params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, logprobs=5)
-    runs: dict[str, dict] = {f"c{i}": {"tokens": [], "top": []} for i in range(len(batch))}
-    for i, ids in enumerate(batch):
-        llm.add_request(GenerateRequest(f"c{i}", ids, params))
-    while llm.has_unfinished_requests():
-        for out in llm.step():
-            runs[out.request_id]["tokens"] += out.new_token_ids
-            runs[out.request_id]["top"] += [lp.top for lp in out.logprobs or []]
-    return [runs[f"c{i}"] for i in range(len(batch))]
-
-
-def mlx_lm_greedy(model, batch: list[list[int]], n: int) -> list[dict]:
-    runs = []
-    for ids in batch:
-        tokens, top = [], []
-        for token, logprobs in generate_step(mx.array(ids), model, max_tokens=n):
-            best = mx.argsort(-logprobs)[:5].tolist()
-            tokens.append(int(token))
-            top.append([(t, logprobs[t].item()) for t in best])
-        runs.append({"tokens": tokens, "top": top})
-    return runs
-
-
-def compare(a: list[dict], b: list[dict]) -> dict:
-    """Leading tokens equal (fewest over prompts); over the steps that share a context (up to and
-    including the first differing token), how many top-5 sets match and the largest logprob gap."""
-    leading, same_top, steps, worst = [], 0, 0, 0.0
-    for x, y in zip(a, b):
-        pairs = list(zip(x["tokens"], y["tokens"]))
-        lead = next((i for i, (p, q) in enumerate(pairs) if p != q), len(pairs))
-        leading.append(lead)
-        for tx, ty in list(zip(x["top"], y["top"]))[: lead + 1]:
-            steps += 1
-            dx, dy = dict(tx), dict(ty)
-            same_top += set(dx) == set(dy)
-            worst = max([worst] + [abs(dx[t] - dy[t]) for t in dx.keys() & dy.keys()])
-    return {
-        "leading_tokens_equal": min(leading),
-        "top5_same_steps": same_top,
-        "shared_context_steps": steps,
-        "max_logprob_diff": worst,
-    }
-
-
-def greedy_check(model_dir: Path, model, vocab: int, n: int = 32) -> dict:
-    """Three prompts, greedy, four ways: tokens and top-5 logprobs compared pairwise."""
+def run_check(model_dir: Path, vocab: int, overrides: dict) -> dict:
     batch = [prompts(1, length, vocab, seed=7 + length)[0] for length in (12, 21, 40)]
     gpu = "gpu" if mx.is_available(mx.gpu) else "cpu"  # "cpu" only in a --tiny smoke run
-    runs = {
-        "engine_gpu_bf16": engine_greedy(model_dir, gpu, "bfloat16", batch, n),
-        "mlx_lm_gpu_bf16": mlx_lm_greedy(model, batch, n),
-        "engine_gpu_f32": engine_greedy(model_dir, gpu, "float32", batch, n),
-        "engine_cpu_f32": engine_greedy(model_dir, "cpu", "float32", batch, n),
+    ways = {
+        "engine_gpu_bf16": (gpu, "bfloat16"),
+        "engine_gpu_f32": (gpu, "float32"),
+        "engine_cpu_f32": ("cpu", "float32"),
     }
-    mx.set_default_device(mx.Device(getattr(mx, gpu)))
-    pairs = {
-        "gpu_f32_vs_cpu_f32": ("engine_gpu_f32", "engine_cpu_f32"),
-        "gpu_bf16_vs_mlx_lm_bf16": ("engine_gpu_bf16", "mlx_lm_gpu_bf16"),
-        "gpu_bf16_vs_cpu_f32": ("engine_gpu_bf16", "engine_cpu_f32"),
+    configs = {
+        name: engine_config(model_dir, overrides, device=device, dtype=dtype, max_num_seqs=len(batch))
+        for name, (device, dtype) in ways.items()
     }
-    return {"tokens": n, "runs": runs, **{k: compare(runs[a], runs[b]) for k, (a, b) in pairs.items()}}
+    return greedy_check(model_dir, batch, configs, log)
 
 
 # ---- the run ------------------------------------------------------------------------------------
 
 
-def _engine_config(model_dir: Path, device: str, dtype: str, max_num_seqs: int) -> EngineConfig:
-    return EngineConfig(
-        model=str(model_dir),
-        device=device,
-        dtype=dtype,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=2048,
-        kv_cache_memory_bytes=8 << 30,
-        enable_prefix_caching=False,
-    )
-
-
-def machine() -> str:
+def device_name() -> str:
     info = mx.device_info() if hasattr(mx, "device_info") else {}
-    name = info.get("device_name") or info.get("architecture") or str(mx.default_device())
-    return f"{name}, {platform.machine()}, MLX {mx.__version__}"
-
-
-def decode_rows(
-    llm: LLMEngine, ref, batches: list[int], max_tokens: int, roof: float, vocab: int
-) -> list[dict]:
-    print(
-        "\n| batch | engine tok/s | BatchGenerator tok/s | engine/BatchGenerator | engine % roofline | BatchGenerator % roofline |"
+    return str(
+        info.get("device_name") or info.get("architecture") or platform.processor() or platform.machine()
     )
-    print("|---|---|---|---|---|---|")
-    rows = []
-    for b in batches:
-        batch = prompts(b, 32, vocab, seed=b)
-        engine_decode(llm, batch, 8)  # warm-up: compiles this batch's kernels
-        batchgen_decode(ref, batch, 8)
-        ours = engine_decode(llm, batch, max_tokens)
-        theirs = batchgen_decode(ref, batch, max_tokens)
-        row = {"batch": b, "engine_tok_s": ours, "batchgen_tok_s": theirs, "roofline_tok_s": b * roof}
-        rows.append(row)
-        print(
-            f"| {b} | {ours:,.0f} | {theirs:,.0f} | {ours / theirs:.2f}x | {100 * ours / (b * roof):.1f}% "
-            f"| {100 * theirs / (b * roof):.1f}% |",
-            flush=True,
+
+
+def table(headers: list[str], rows: list[list]) -> None:
+    print("\n| " + " | ".join(headers) + " |\n|" + "---|" * len(headers))
+    for row in rows:
+        print("| " + " | ".join(str(x) for x in row) + " |")
+    sys.stdout.flush()
+
+
+def summarize(device: str, name: str, result: dict, prompt_len: int) -> dict:
+    """The rows the tables print, each naming the device: decode per batch (engine, baseline if any,
+    BatchGenerator), prefill per runner, mixed sampling per engine."""
+    runs, roof, p_roof = result["runs"], result["roofline_steps_s"], result["prefill_roofline_tok_s"]
+    engines = [k for k in runs if k != "mlx_lm"]
+    where = {"device": device, "shape": name}
+    decode = []
+    for b, batchgen_tok_s in runs["mlx_lm"]["decode"].items():
+        row = {**where, "batch": b, **{f"{k}_tok_s": runs[k]["decode"][b] for k in engines}}
+        decode.append(row | {"batchgen_tok_s": batchgen_tok_s, "roofline_tok_s": b * roof})
+    prefill = [
+        {
+            **where,
+            "prompt_len": prompt_len,
+            "by": k,
+            "tok_s": runs[k]["prefill_tok_s"],
+            "roofline_tok_s": p_roof,
+        }
+        for k in runs
+    ]
+    mixed = [{**where, "engine": k, "batch": result["mixed_batch"], **runs[k]["mixed"]} for k in engines]
+    return {"decode": decode, "prefill": prefill, "mixed": mixed}
+
+
+def print_rows(rows: dict, engines: list[str]) -> None:
+    who = [*engines, "batchgen"]
+    names = [*engines, "BatchGenerator"]
+    headers = [f"{k} tok/s" for k in names] + [f"{k}/BatchGenerator" for k in engines]
+    table(
+        ["device", "shape", "batch", *headers, *(f"{k} % roofline" for k in names)],
+        [
+            [r["device"], r["shape"], r["batch"], *(f"{r[f'{k}_tok_s']:,.0f}" for k in who)]
+            + [f"{r[f'{k}_tok_s'] / r['batchgen_tok_s']:.2f}x" for k in engines]
+            + [f"{100 * r[f'{k}_tok_s'] / r['roofline_tok_s']:.1f}%" for k in who]
+            for r in rows["decode"]
+        ],
+    )
+    table(
+        ["device", "shape", "prompt tokens", "prefill by", "tok/s", "% matmul roofline"],
+        [
+            [r["device"], r["shape"], r["prompt_len"], r["by"], f"{r['tok_s']:,.0f}"]
+            + [f"{100 * r['tok_s'] / r['roofline_tok_s']:.0f}%"]
+            for r in rows["prefill"]
+        ],
+    )
+    table(
+        ["device", "shape", "engine", "batch", "all greedy tok/s", "1 in 5 sampled tok/s", "sampled/greedy"],
+        [
+            [r["device"], r["shape"], r["engine"], r["batch"], f"{r['greedy_tok_s']:,.0f}"]
+            + [f"{r['mixed_tok_s']:,.0f}", f"{r['ratio']:.2f}"]
+            for r in rows["mixed"]
+        ],
+    )
+
+
+def print_check(device: str, name: str, check: dict) -> None:
+    print(f"\n{device}, {name}: greedy check, 3 prompts x {check['tokens']} tokens:")
+    for key in PAIRS:
+        print(f"  {key}: {check[key]}")
+
+
+def run_shape(shape: Shape, args, variants: dict[str, dict], ceil: dict) -> dict:
+    vocab = shape.config["vocab_size"]
+    batches = [int(x) for x in args.batches.split(",")]
+    work = {
+        "batches": {b: prompts(b, 32, vocab, seed=b) for b in batches},
+        "mixed_batch": prompts(args.mixed_batch, 32, vocab, seed=args.mixed_batch),
+        "prefill_ids": prompts(1, args.prompt_len, vocab, seed=1)[0],
+        "max_tokens": args.max_tokens,
+    }
+    max_num_seqs = max(batches + [args.mixed_batch])
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        built: BuiltModel = build_model_dir(Path(tmp), shape)
+        free_memory()
+        roof = ceil["copy_gbs"] * 1e9 / built.step_bytes  # steps/s when each step reads every weight once
+        result = {
+            "config": shape.config,
+            "model": {k: v for k, v in dataclasses.asdict(built).items() if k != "path"},
+            "roofline_steps_s": roof,
+            "prefill_roofline_tok_s": ceil["matmul_tflops"] * 1e12 / (2 * built.matmul_params),
+            "mixed_batch": args.mixed_batch,
+            "runs": {},
+        }
+        log(
+            f"{shape.name}: built in {built.build_s:.0f} s, {built.num_params / 1e9:.3f} B parameters, "
+            f"{built.weight_bytes / 1e9:.2f} GB stored, {built.step_bytes / 1e9:.2f} GB read per step, "
+            f"roofline {roof:,.0f} steps/s"
         )
-    return rows
+        for label, overrides in variants.items():
+            config = engine_config(Path(tmp), overrides, max_num_seqs=max_num_seqs, **_tiny_kv(args))
+            result["runs"][label] = measure_engine(f"{shape.name} {label}", config, work)
+            free_memory()
+        result["runs"]["mlx_lm"] = measure_mlx_lm(Path(tmp), work)
+        free_memory()
+        if args.check:
+            result["greedy_check"] = run_check(Path(tmp), vocab, variants["engine"])
+    return result
+
+
+def _tiny_kv(args) -> dict:
+    return {"kv_cache_memory_bytes": 256 << 20} if args.tiny else {}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench/results/gpu.json")
+    parser.add_argument("--shapes", default="1b", help="comma-separated: 1b, 8b, 8b-4bit (1b-4bit too)")
+    parser.add_argument("--batches", default="1,8,32,64,128")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument(
+        "--prompt-len", type=int, help="prefill prompt length (default 2048; 128 with --tiny)"
+    )
+    parser.add_argument(
+        "--mixed-batch", type=int, help="batch of the mixed-sampling row (default 64; 10 with --tiny)"
+    )
+    parser.add_argument(
+        "--engine", action="append", default=[], metavar="KEY=VALUE", help="EngineConfig field"
+    )
+    parser.add_argument(
+        "--baseline", action="append", default=[], metavar="KEY=VALUE",
+        help="run the engine a second time with these fields on top of --engine's",
+    )  # fmt: skip
+    parser.add_argument("--check", action="store_true", help="also run the greedy token check on each shape")
+    parser.add_argument("--tiny", action="store_true", help="2-layer models: a quick smoke run on a CPU")
+    parser.add_argument("--workdir", help="where the model directories are written (default: the temp dir)")
+    args = parser.parse_args()
+    # --tiny runs on a CPU in a few minutes: shorter prompts, a smaller mixed batch.
+    args.prompt_len = args.prompt_len or (128 if args.tiny else 2048)
+    args.mixed_batch = args.mixed_batch or (10 if args.tiny else 64)
+    return args
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="bench/results/gpu.json")
-    parser.add_argument("--batches", default="1,8,32,64,128")
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--prompt-len", type=int, default=2048)
-    parser.add_argument("--check", action="store_true", help="also run the greedy token check")
-    parser.add_argument("--tiny", action="store_true", help="a 2-layer model: a quick smoke run on a CPU")
-    args = parser.parse_args()
-    results: dict = {"machine": machine(), "model": "random-weight Llama-3.2-1B shape, bf16"}
-    shape = TINY if args.tiny else LLAMA_1B
-    results["ceilings"] = ceil = ceilings(1024, 1 << 22) if args.tiny else ceilings()
-    print(
-        f"{results['machine']}\nmatmul {ceil['matmul_tflops']:.0f} TFLOP/s, copy {ceil['copy_gbs']:,.0f} GB/s"
+    args = parse_args()
+    shapes = parse_shapes(args.shapes, args.tiny)
+    variants = {"engine": parse_overrides(args.engine)}
+    if args.baseline:
+        variants["baseline"] = {**variants["engine"], **parse_overrides(args.baseline)}
+    for overrides in variants.values():
+        try:  # a misspelt field fails here, before any model is built
+            engine_config(Path("."), overrides)
+        except ValidationError as exc:
+            raise SystemExit(f"--engine/--baseline: {exc}") from None
+    device = device_name()
+    results: dict = {"device": device, "machine": f"{device}, {platform.machine()}, MLX {mx.__version__}"}
+    results.update(args=vars(args), variants=variants, shapes={})
+    results["ceilings"] = ceil = ceilings(256, 1 << 22) if args.tiny else ceilings()
+    log(
+        f"{results['machine']}: matmul {ceil['matmul_tflops']:.3g} TFLOP/s, copy {ceil['copy_gbs']:,.0f} GB/s"
     )
-    with tempfile.TemporaryDirectory() as tmp:
-        model_dir = Path(tmp)
-        num_params = build_model_dir(model_dir, shape)
-        embed = shape["vocab_size"] * shape["hidden_size"]
-        weight_bytes = 2 * num_params
-        roof = ceil["copy_gbs"] * 1e9 / weight_bytes  # steps/s when each step reads every weight once
-        results.update(num_params=num_params, weight_bytes=weight_bytes, roofline_steps_s=roof)
-        print(f"{num_params / 1e9:.3f} B parameters, roofline {roof:,.0f} steps/s")
-        batches = [int(x) for x in args.batches.split(",")]
-        llm = LLMEngine(_engine_config(model_dir, "auto", "auto", max(batches)))
-        # mlx-lm gets its own copy of the weights: on CUDA the engine rewrites its model's MLPs.
-        ref, _ = mlx_lm_load(str(model_dir))
-        results["decode"] = decode_rows(llm, ref, batches, args.max_tokens, roof, shape["vocab_size"])
-        ids = prompts(1, args.prompt_len, shape["vocab_size"], seed=1)[0]
-        engine_prefill(llm, ids)
-        mlx_lm_prefill(ref, ids)
-        prefill_roof = ceil["matmul_tflops"] * 1e12 / (2 * (num_params - embed))
-        results["prefill"] = {
-            "prompt_len": args.prompt_len,
-            "engine_tok_s": engine_prefill(llm, ids),
-            "mlx_lm_tok_s": mlx_lm_prefill(ref, ids),
-            "roofline_tok_s": prefill_roof,
-        }
-        p = results["prefill"]
-        print(
-            f"\nprefill {args.prompt_len} tokens: engine {p['engine_tok_s']:,.0f} tok/s "
-            f"({100 * p['engine_tok_s'] / prefill_roof:.0f}% of matmul roofline), mlx-lm "
-            f"{p['mlx_lm_tok_s']:,.0f} tok/s ({100 * p['mlx_lm_tok_s'] / prefill_roof:.0f}%)"
-        )
-        if args.check:
-            results["greedy_check"] = check = greedy_check(model_dir, ref, shape["vocab_size"])
-            print(f"\ngreedy check, 3 prompts x {check['tokens']} tokens:")
-            for key in ("gpu_f32_vs_cpu_f32", "gpu_bf16_vs_mlx_lm_bf16", "gpu_bf16_vs_cpu_f32"):
-                print(f"  {key}: {check[key]}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2))
+    for shape in shapes:
+        result = run_shape(shape, args, variants, ceil)
+        result["rows"] = summarize(device, shape.name, result, args.prompt_len)
+        results["shapes"][shape.name] = result
+        print_rows(result["rows"], list(variants))
+        if "greedy_check" in result:
+            print_check(device, shape.name, result["greedy_check"])
+        # After each shape, so a run cut off by its time limit keeps the shapes it finished.
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(results, indent=2))
+        free_memory()
+    log(f"done, results in {args.out}")
 
 
 if __name__ == "__main__":

@@ -154,6 +154,16 @@ class EngineConfig(BaseModel):
             "device is nearly idle, so there it only adds a step of latency to every token."
         ),
     )
+    device_sampling: bool | None = Field(
+        None,
+        description=(
+            "Sample on the model's device (engine/output/device_sampler.py) instead of reading every row's "
+            "logits to the host: no vocabulary-wide transfer or host sort, and with async_scheduling a sampled "
+            "row's token stays on the device like a greedy one's (rows with penalties or structured output "
+            "are read at once). None: on where the model runs on a GPU; on the CPU backend NumPy's exp and "
+            "sort beat MLX's, so the host samples there."
+        ),
+    )
 
     cpu_math: bool | None = Field(
         None,
@@ -177,6 +187,17 @@ class EngineConfig(BaseModel):
             "A step's prefill chunks of similar length run two at a time, layer by layer on two MLX CPU "
             "streams with one BLAS thread each (engine/runner/cpu/paired_prefill.py). None: on for MLX's CPU backend "
             "where OpenBLAS is loaded and the model's layer loop checks out at load; False: one at a time."
+        ),
+    )
+
+    cuda_fused: bool | None = Field(
+        None,
+        description=(
+            "Decode rows of Llama-shaped models run as eight fused kernels per layer (RoPE, the paged K/V "
+            "write and attention in one; residual add and RMSNorm in one; q/k/v and gate/up as one "
+            "product each), compiled at bucketed shapes (engine/runner/cuda/fused_decode.py). A load-time "
+            "probe checks its logits against the model's own call. None: on for MLX's CUDA backend where "
+            "the model has that shape and the probe agrees; False: the next decode path (cuda_graph)."
         ),
     )
 

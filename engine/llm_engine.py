@@ -26,7 +26,8 @@ from engine.errors import ContextLengthExceededError, InvalidRequestError, Queue
 from engine.messages import EngineStats, GenerateRequest, RequestOutput
 from engine.models.model_loader import load_model
 from engine.output.output_processor import OutputProcessor, merge_outputs
-from engine.output.sampler import Sampler, SamplingRow, samples_on_device, validate_params
+from engine.output.sampler import samples_on_device, validate_params
+from engine.output.step_sampler import Sampled, StepSampler
 from engine.output.structured_output import StructuredOutputManager
 from engine.prefix_offload import PrefixOffload
 from engine.request_metrics import RequestMetrics
@@ -85,6 +86,7 @@ class LLMEngine:
         self.prefix_disk = PrefixOffload.build(config, self.kv, self.storage)  # a no-op when off
         target = Target(loaded.model, self.storage, loaded.device, split_head(loaded.model))
         self.runner = ModelRunner(backends.choose(target, config), layers, self.states)
+        device_sampling = _on_gpu_unless_set(config.device_sampling, loaded.device)
         self.compute = replace(
             self.runner.compute_paths(),
             cache_layers=layers.kinds_summary,
@@ -97,6 +99,7 @@ class LLMEngine:
             kv_bytes_per_token=self.storage.bytes_per_token,
             kv_capacity_tokens=num_blocks * config.block_size,
             speculative=spec_setup.describe(config),
+            sampling="device" if device_sampling else "host",
         )
         logger.info("%s compute paths: %s", self.model_name, self.compute)
         self.speculator: Speculator | None = None
@@ -107,8 +110,8 @@ class LLMEngine:
             self.speculator = Speculator(
                 config.speculative, self.max_model_len, self.eos_token_ids, draft_model, config.seed
             )
-        self.sampler = Sampler(config.seed)
         self.structured = StructuredOutputManager(loaded.tokenizer)
+        self.sampler = StepSampler(config.seed, self.eos_token_ids, self.structured, device_sampling)
         self.outputs = OutputProcessor(loaded.tokenizer, self.eos_token_ids, self.structured)
         # Two inboxes, so the waiting-queue bound counts new requests and never pending aborts.
         self._new: queue.SimpleQueue[Request] = queue.SimpleQueue()
@@ -117,7 +120,7 @@ class LLMEngine:
         self.parallel = ParallelSampling(hold_back=prefix_caching)  # n > 1 requests
         self._in_flight: DeviceTokens | None = None  # a launched step whose tokens are not read yet
         # Drafting needs each step's tokens read before the next step is built: no async with it.
-        self.async_scheduling = config.speculative is None and _resolve_async_scheduling(
+        self.async_scheduling = config.speculative is None and _on_gpu_unless_set(
             config.async_scheduling, loaded.device
         )
         self.num_steps = 0
@@ -194,7 +197,8 @@ class LLMEngine:
 
         When every row of a step samples plain greedy, its tokens stay on the device (`_in_flight`)
         and the next step is built and launched before they are read, so the host's work overlaps
-        the device's. Any other step samples on the host at once, as before."""
+        the device's. Any other step samples on the host at once, as before. With device sampling,
+        every row samples on the device and sampled rows may stay there too (`_sample_on_device`)."""
         outputs = self._drain_inbox()
         self.prefix_disk.save_new_blocks()  # before schedule() may hand their block ids out again
         if self.speculator is not None:
@@ -212,9 +216,11 @@ class LLMEngine:
         except Exception as exc:  # noqa: BLE001  (_fail_step logs the traceback)
             outputs += self._read_in_flight()  # the previous step's tokens are good: commit them first
             return outputs + self._fail_step([s.request for s in plan.scheduled], exc)
-        sampling = self.scheduler.advance(plan)
+        self.scheduler.advance(plan)
         if not step.items and not step.spec_items:  # prefill chunks that do not reach a prompt's end
             return outputs + self._read_in_flight()
+        if self.sampler.on_device and step.items:
+            return outputs + self._sample_on_device(step) + self._verify_drafts(step)
         on_device = all(samples_on_device(s.request) for s in step.items)
         if self.async_scheduling and on_device and not step.spec_items:
             launched = DeviceTokens(step.items, mx.argmax(step.logits, axis=-1).astype(mx.int32))
@@ -223,8 +229,7 @@ class LLMEngine:
             self._in_flight = launched
             return outputs
         outputs += self._read_in_flight()  # host sampling wants every earlier token committed
-        plain = [s for s in sampling if not s.num_spec_tokens]
-        outputs += self._sample_on_host(step, plain) if step.items else []
+        outputs += self._sample_on_host(step) if step.items else []
         return outputs + self._verify_drafts(step)
 
     def _verify_drafts(self, step: StepLogits) -> list[RequestOutput]:
@@ -251,60 +256,30 @@ class LLMEngine:
             outputs.append(merge_outputs(emitted))
         return outputs
 
-    def _sample_on_host(self, step: StepLogits, sampling: list[ScheduledRequest]) -> list[RequestOutput]:
-        try:
-            mx.eval(step.logits)
-            rows = [
-                SamplingRow(
-                    r.params,
-                    r.prompt_token_ids,
-                    r.output_token_ids,
-                    self.eos_token_ids,
-                    allowed_token_mask=self.structured.mask(r.request_id),
-                )
-                for r in (s.request for s in step.items)
-            ]
-        except Exception as exc:  # noqa: BLE001  (_fail_step logs the traceback)
-            return self._fail_step([s.request for s in sampling], exc)
-        try:
-            result = self.sampler.sample(step.logits, rows)
-        except Exception:
-            logger.exception("batched sampling failed; sampling row by row so only the bad rows fail")
-            return self._sample_rows_apart(step, rows, sampling)
-        ids = [s.request.request_id for s in step.items]
-        sampled = dict(zip(ids, result.token_ids))
-        logprobs = {rid: [lp] for rid, lp in zip(ids, result.logprobs) if lp is not None}
-        return self._commit(sampling, sampled, logprobs)
+    def _sample_on_host(self, step: StepLogits) -> list[RequestOutput]:
+        return self._apply(self.sampler.on_host(step))
 
-    def _sample_rows_apart(
-        self, step: StepLogits, rows: list[SamplingRow], sampling: list[ScheduledRequest]
-    ) -> list[RequestOutput]:
-        """One row at a time: a request whose sampling raises fails alone, the others get their token."""
-        outputs: list[RequestOutput] = []
-        sampled: dict[str, int] = {}
-        logprobs: dict[str, list] = {}
-        for i, (item, row) in enumerate(zip(step.items, rows)):
-            request_id = item.request.request_id
-            try:
-                one = self.sampler.sample(step.logits[i : i + 1], [row])
-            except Exception as exc:  # noqa: BLE001  (any failure of one row is that request's alone)
-                outputs += self._fail_step([item.request], exc, "sampling")
-                continue
-            sampled[request_id] = one.token_ids[0]
-            if one.logprobs[0] is not None:
-                logprobs[request_id] = [one.logprobs[0]]
-        return outputs + self._commit(sampling, sampled, logprobs)  # _commit skips the failed ones
+    def _sample_on_device(self, step: StepLogits) -> list[RequestOutput]:
+        """Every row samples on the device. With async scheduling, rows that need nothing of their pending
+        tokens but their number stay there (`_in_flight`) and are read with the next step, as greedy rows
+        are; the others (penalties, structured output) are read now."""
+        launch = self.sampler.launch(step, pipeline=self.async_scheduling and not step.spec_items)
+        outputs = self._read_in_flight()  # the previous step's, while the device samples this one
+        self._in_flight = launch.later
+        return outputs + self._apply(self.sampler.read_now(launch))
 
     def _read_in_flight(self) -> list[RequestOutput]:
         launched, self._in_flight = self._in_flight, None
         if launched is None:
             return []
-        try:
-            token_ids: list[int] = launched.token_ids.tolist()  # type: ignore[assignment]  # (B,) int32
-        except Exception as exc:  # noqa: BLE001  (_fail_step logs the traceback)
-            return self._fail_step([s.request for s in launched.items], exc)
-        sampled = {s.request.request_id: t for s, t in zip(launched.items, token_ids)}
-        return self._commit(launched.items, sampled, {})
+        return self._apply(self.sampler.read(launched))
+
+    def _apply(self, sampled: Sampled) -> list[RequestOutput]:
+        """Fails the requests whose sampling raised, then commits the others' tokens."""
+        outputs = []
+        for requests, exc, stage in sampled.failed:
+            outputs += self._fail_step(requests, exc, stage)
+        return outputs + self._commit(sampled.items, sampled.token_ids, sampled.logprobs)
 
     def _commit(
         self, items: list[ScheduledRequest], sampled: dict[str, int], logprobs: dict[str, list]
@@ -400,7 +375,7 @@ class LLMEngine:
         self.prefix_disk.close()
 
 
-def _resolve_async_scheduling(configured: bool | None, device: str) -> bool:
+def _on_gpu_unless_set(configured: bool | None, device: str) -> bool:
     return configured if configured is not None else device == "gpu"
 
 

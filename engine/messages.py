@@ -147,7 +147,7 @@ class ComputePaths:
     blas_detail: str  # how it was loaded, or why not
     blas_config: str | None  # OpenBLAS's build: version, DYNAMIC_ARCH, MAX_THREADS; None: not OpenBLAS
     blas_core: str | None  # the kernels OpenBLAS chose for this CPU (Haswell, SkylakeX, NeoverseN1, ...)
-    decode: str  # "c_forward", "cuda_graph" or "mlx" (the model's own call over paged caches)
+    decode: str  # "c_forward", "cuda_fused", "cuda_graph" or "mlx" (the model's own call over paged caches)
     attention: str  # batched decode attention: "window_attention" (K/V read in place) or "gather"
     math: str  # softmax and SwiGLU: "cpu_math" or "mlx"
     prefill: str  # "paired_prefill" (two chunks on two CPU streams) or "one_at_a_time"
@@ -166,6 +166,7 @@ class ComputePaths:
     kv_bytes_per_token: int = 0  # every layer's K and V of one token, scales and biases included
     kv_capacity_tokens: int = 0  # tokens the pool holds: num_blocks * block_size, over all requests
     speculative: str = "off"  # e.g. "ngram, 4 tokens (lookup 2-4)" (engine/spec_decode/)
+    sampling: str = "host"  # "device" (engine/output/device_sampler.py) or "host" (engine/output/sampler.py)
 
 
 @dataclass

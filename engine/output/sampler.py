@@ -48,10 +48,14 @@ class SamplingRow:
     # Structured output: packed bits, token t allowed iff bit t % 32 of word t // 32 is set
     # (engine/output/structured_output.py). Ids past the mask's end (model vocab > tokenizer's) are never allowed.
     allowed_token_mask: np.ndarray | None = None
+    # Outputs a launched step sampled on the device and nobody read yet (engine/output/device_sampler.py):
+    # they count for a seeded row's position and for min_tokens; their ids are unknown, so such a row
+    # never has penalties.
+    num_pending_outputs: int = 0
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.output_token_ids)
+        return len(self.output_token_ids) + self.num_pending_outputs
 
 
 @dataclass
@@ -142,7 +146,7 @@ class Sampler:
             # Temperature keeps the order, so select on raw logits and scale only the candidates.
             ids, vals = _top_k(logits, top_k)
             weights = _filter_sorted(np.exp((vals - vals[:, :1]) * inv_temp), top_p, min_p)
-            return ids[np.arange(len(rows)), _draw(weights, self._uniforms(rows))]
+            return ids[np.arange(len(rows)), _draw(weights, self.uniforms(rows))]
         # exp((x - max) / T) in place: each extra pass over (B, vocab) costs ~0.5 ms at B=32.
         weights = logits - logits.max(axis=-1, keepdims=True)
         weights *= inv_temp
@@ -155,9 +159,11 @@ class Sampler:
             cutoff[nucleus] = np.maximum(cutoff[nucleus], nucleus_cutoff)
         if (cutoff > 0).any():
             weights *= weights >= cutoff[:, None]
-        return _draw(weights, self._uniforms(rows))
+        return _draw(weights, self.uniforms(rows))
 
-    def _uniforms(self, rows: list[SamplingRow]) -> np.ndarray:
+    def uniforms(self, rows: list[SamplingRow]) -> np.ndarray:
+        """One uniform in [0, 1) per row: the RNG's for unseeded rows, `_seeded_uniform` for seeded ones.
+        The device sampler draws with these too, so a seeded row's token does not depend on the path."""
         out = self._rng.random(len(rows))
         for i, row in enumerate(rows):
             if row.params.seed is not None:

@@ -7,7 +7,7 @@ builds serves; every other one is recorded with why not, for /v1/status and the 
 the model runner and the paged cache receive what was picked and never ask which device they are on.
 
     role       paths, in order of preference                 when none serves
-    decode     cuda_graph (GPU), c_forward (CPU)              the model's own call over paged caches
+    decode     cuda_fused, cuda_graph (GPU), c_forward (CPU)  the model's own call over paged caches
     math       cpu_math (CPU)                                 MLX's softmax and SwiGLU
     attention  window_attention (CPU)                         every row's context gathered
     prefill    paired_prefill (CPU)                           one chunk at a time
@@ -26,10 +26,12 @@ from engine.runner.cpu.cpu_decode import CForwardDecode
 from engine.runner.cpu.paired_prefill import PairedPrefill, PairedPrefillPath
 from engine.runner.cpu.window_attention import InPlaceWindows
 from engine.runner.cuda.decode_graph import CudaGraphDecode
+from engine.runner.cuda.fused_decode import CudaFusedDecode
 from engine.runner.fast_path import DecodePath, FastPath, Target
 from engine.runner.paged_attention import AttentionPaths
 
 FAST_PATHS: list[FastPath] = [
+    CudaFusedDecode(),
     CudaGraphDecode(),
     CForwardDecode(),
     CpuMath(),
@@ -38,7 +40,7 @@ FAST_PATHS: list[FastPath] = [
 ]
 PORTABLE = {"decode": "mlx", "math": "mlx", "attention": "gather", "prefill": "one_at_a_time"}
 # A decode graph runs its own kernels and attention: the eager paths' hooks would only slow it.
-_GRAPH_ONLY = {"cuda_graph"}
+_GRAPH_ONLY = {"cuda_fused", "cuda_graph"}
 
 
 @dataclass
@@ -117,8 +119,10 @@ def _refusal(path: FastPath, choice: Choice, setting: bool | None) -> str | None
 
 def _kv_write(names: dict[str, str]) -> str:
     """Where new K/V go into the pools: decode rows from the decode path, prefill chunks from the cache."""
-    decode = {"c_forward": "the C forward", "cuda_graph": "the decode graph"}.get(
-        names["decode"], "the paged cache"
-    )
+    decode = {
+        "c_forward": "the C forward",
+        "cuda_graph": "the decode graph",
+        "cuda_fused": "the fused attention kernel",
+    }.get(names["decode"], "the paged cache")
     prefill = "after each pair of chunks" if names["prefill"] == "paired_prefill" else "as each layer runs"
     return f"decode rows: {decode}; prefill chunks: the paged cache, {prefill}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.core.scheduler import ScheduledRequest, SchedulerPlan
 from engine.messages import ComputePaths
@@ -20,6 +21,9 @@ from engine.runner.paged_attention import StepLayout
 from engine.runner.state_storage import StateRows, StateStorage
 
 import mlx.core as mx
+
+if TYPE_CHECKING:
+    from engine.output.device_sampler import DeviceLogprobs
 
 # Paired prefill chunks are at least this close in length (engine/runner/cpu/paired_prefill.py).
 MIN_PAIR_RATIO = 0.5
@@ -39,11 +43,14 @@ class StepLogits:
 class DeviceTokens:
     """Tokens a launched step sampled on the device and nobody has read yet."""
 
-    items: list[ScheduledRequest]  # row i of token_ids belongs to items[i]
-    token_ids: mx.array  # (len(items),) int32, lazy
+    items: list[ScheduledRequest]
+    token_ids: mx.array  # (num_rows,) int32, lazy; rows of requests read at once may be among them
+    item_rows: list[int] | None = None  # items[i]'s row of token_ids; None: row i
+    logprobs: DeviceLogprobs | None = None  # lazy, of the rows that asked (engine/output/device_sampler.py)
 
     def __post_init__(self) -> None:
-        self.rows = {item.request.request_id: i for i, item in enumerate(self.items)}
+        rows = self.item_rows if self.item_rows is not None else range(len(self.items))
+        self.rows = {item.request.request_id: row for item, row in zip(self.items, rows)}
 
 
 class ModelRunner:

@@ -51,6 +51,7 @@ SETTINGS = {
     "cpu_math": "cpu_math",
     "window_attention": "kv_in_place",
     "paired_prefill": "paired_prefill",
+    "cuda_fused": "cuda_fused",
     "cuda_graph": "cuda_graph",
 }
 BUDGET = {"kv_cache_memory_bytes": 16 << 20, "max_num_seqs": 8}

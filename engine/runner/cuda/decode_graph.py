@@ -20,8 +20,8 @@ from collections.abc import Mapping
 
 from engine.runner import attention_hook
 from engine.runner.cuda import cuda_attention
-from engine.runner.cuda.fused_mlp import fuse_gate_up
-from engine.runner.cuda.small_matmul import matmul_t, use_small_rows_kernel
+from engine.runner.cuda.fused_projections import fuse_gate_up
+from engine.runner.cuda.small_matmul import small_rows, use_small_rows_kernel
 from engine.runner.fast_path import Target, cache_refusal, quantized_kv_refusal
 from engine.runner.kv_storage import KVStorage
 
@@ -56,7 +56,7 @@ class CudaGraphDecode:
     def build(self, target: Target, picked: Mapping[str, str]) -> tuple[DecodeGraph | None, str | None]:
         if not attention_hook.install(target.model):
             return None, "the model's attention cannot be hooked"
-        fuse_gate_up(target.model, matmul_t)
+        fuse_gate_up(target.model, small_rows)
         use_small_rows_kernel(target.model)
         return DecodeGraph(target.model, target.storage, use_kernel=True), None
 
@@ -64,6 +64,20 @@ class CudaGraphDecode:
 def bucket(n: int) -> int:
     """The next power of two at or above n (n >= 1)."""
     return 1 << (n - 1).bit_length()
+
+
+def padded_layout(
+    offsets: list[int], tables: list[list[int]], padded: int, block_size: int, scratch_block: int
+) -> tuple[mx.array, mx.array, mx.array]:
+    """The bucketed step's (table, offsets, slots), padding rows and entries on the scratch block (module map)."""
+    width = bucket(max(len(t) for t in tables))
+    table = np.full((padded, width), scratch_block, dtype=np.int32)
+    for row, blocks in zip(table, tables):
+        row[: len(blocks)] = blocks
+    offs = np.zeros(padded, dtype=np.int32)
+    offs[: len(offsets)] = offsets
+    slots = table[np.arange(padded), offs // block_size] * block_size + offs % block_size
+    return mx.array(table), mx.array(offs), mx.array(slots.astype(np.int32))
 
 
 class _GraphLayerCache:
@@ -166,7 +180,9 @@ class DecodeGraph:
         """tokens (B,) int32 (may be lazy); returns lazy logits (B, vocab) and installs the new pools."""
         batch = len(offsets)
         padded = bucket(batch)
-        table, offs, slots = self._layout(offsets, tables, padded)
+        table, offs, slots = padded_layout(
+            offsets, tables, padded, self.block_size, self.storage.scratch_block
+        )
         if padded > batch:
             tokens = mx.concatenate([tokens, mx.zeros((padded - batch,), mx.int32)])
         pools = self.storage.arrays()
@@ -177,19 +193,6 @@ class DecodeGraph:
         self.storage.keys.extend(new_pools[: self.num_layers])
         self.storage.values.extend(new_pools[self.num_layers :])
         return logits[:batch] if padded > batch else logits
-
-    def _layout(
-        self, offsets: list[int], tables: list[list[int]], padded: int
-    ) -> tuple[mx.array, mx.array, mx.array]:
-        bs = self.block_size
-        width = bucket(max(len(t) for t in tables))
-        table = np.full((padded, width), self.storage.scratch_block, dtype=np.int32)
-        for row, blocks in zip(table, tables):
-            row[: len(blocks)] = blocks
-        offs = np.zeros(padded, dtype=np.int32)
-        offs[: len(offsets)] = offsets
-        slots = table[np.arange(padded), offs // bs] * bs + offs % bs
-        return mx.array(table), mx.array(offs), mx.array(slots.astype(np.int32))
 
     def _forward(self, tokens, offsets, table, slots, *pools):
         step = _StepArrays(offsets, table, slots, self.block_size, self.use_kernel)

@@ -90,6 +90,12 @@ class SmallRowsLinear(nn.Module):
         return matmul_t(x, self.weight)
 
 
+def small_rows(linear: nn.Module) -> nn.Module:
+    """`linear` itself, or the same product through the kernel where it is a plain bf16 projection."""
+    plain = type(linear) is nn.Linear and "bias" not in linear and supports(linear.weight)
+    return SmallRowsLinear(linear.weight) if plain else linear
+
+
 def use_small_rows_kernel(model: nn.Module) -> int:
     """Rewrites each layer's plain bf16 attention and MLP projections; returns how many."""
     count = 0
@@ -101,7 +107,7 @@ def use_small_rows_kernel(model: nn.Module) -> int:
             parent = getattr(layer, parent_name, None)
             for name in names:
                 linear: Any = getattr(parent, name, None)
-                if type(linear) is nn.Linear and "bias" not in linear and supports(linear.weight):
-                    setattr(parent, name, SmallRowsLinear(linear.weight))
+                if isinstance(linear, nn.Module) and (fast := small_rows(linear)) is not linear:
+                    setattr(parent, name, fast)
                     count += 1
     return count

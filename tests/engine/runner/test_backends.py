@@ -23,7 +23,10 @@ def test_a_float32_llama_on_the_cpu_gets_every_cpu_path():
         "attention": "window_attention",
         "prefill": "paired_prefill",
     }
-    assert choice.not_taken == {"cuda_graph": "needs MLX's CUDA backend"}
+    assert choice.not_taken == {
+        "cuda_fused": "needs MLX's CUDA backend",
+        "cuda_graph": "needs MLX's CUDA backend",
+    }
     paths = choice.compute_paths("float32")
     assert paths.kv_write.startswith("decode rows: the C forward")
     assert choice.attention.in_place is not None and choice.attention.launch_per_layer

@@ -1,0 +1,266 @@
+"""Decode rows of a Llama-shaped model as a few fused kernels per layer, compiled at bucketed shapes, for
+MLX's CUDA backend (engine/runner/cuda/layer_kernels.py has the kernels and what they replace).
+
+Owns the fused forward, the check that a model has the shape it computes and the load-time probe that
+it gives the model's own logits; never chooses blocks. Per layer the step launches eight kernels where
+the model's own call through the decode graph launches about eighteen:
+
+    h, x = add_rms_norm(h, d, input norm)        (the first layer: the norm alone)
+    qkv  = x @ [Wq; Wk; Wv].T                    one product (engine/runner/cuda/fused_projections.py)
+    a    = rope_write_attend(qkv, cos/sin, pools) RoPE, the paged K/V write and attention in one kernel
+    d    = o_proj(a)
+    h, x = add_rms_norm(h, d, post-attention norm)
+    d    = mlp(x)                                gate and up as one product, SwiGLU, down
+
+RoPE's cos and sin for each row's position come from the model's own rope module applied once per step
+to a basis (ones where a rotated pair starts), so every rope variant mlx-lm builds (Llama 3 scaling,
+YaRN, plain) is reproduced as it computes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from engine.runner import attention_hook
+from engine.runner.cuda import cuda_attention
+from engine.runner.cuda.decode_graph import DecodeGraph, bucket, padded_layout
+from engine.runner.cuda.fused_projections import FusedLinears, fuse_gate_up, fuse_qkv
+from engine.runner.cuda.layer_kernels import CudaKernels, ReferenceKernels
+from engine.runner.cuda.small_matmul import small_rows
+from engine.runner.fast_path import Head, Target, cache_refusal, quantized_kv_refusal
+from engine.runner.kv_storage import KVStorage
+
+import mlx.core as mx
+from mlx import nn
+
+_PROJECTIONS = {
+    "self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
+    "mlp": ("gate_proj", "up_proj", "down_proj"),
+}
+_PROBE_STEPS = 6
+_PROBE_ROWS = 3
+_PROBE_TOLERANCE = {mx.float32: 1e-3}  # relative to the largest logit; half types get _HALF_TOLERANCE
+_HALF_TOLERANCE = 1e-2
+
+
+class CudaFusedDecode:
+    """The plug-in (engine/runner/fast_path.py): fused per-layer kernels for Llama-shaped models."""
+
+    name = "cuda_fused"
+    role = "decode"
+    setting = "cuda_fused"
+    devices: tuple[str, ...] = ("gpu",)
+
+    def applies(self, target: Target) -> str | None:
+        if target.device != "gpu" or not cuda_attention.kernel_available():
+            return "needs MLX's CUDA backend"
+        return shape_refusal(target)
+
+    def build(self, target: Target, picked: Mapping[str, str]) -> tuple[FusedDecode | None, str | None]:
+        fused = FusedDecode.for_target(target, CudaKernels(), wrap=small_rows)
+        if isinstance(fused, str):
+            return None, fused
+        if not attention_hook.install(target.model):
+            return None, "the model's attention cannot be hooked"
+        reason = probe(fused, target, reference_kernel=True)
+        return (fused, None) if reason is None else (None, reason)
+
+
+def shape_refusal(target: Target) -> str | None:
+    """Why the fused forward cannot compute `target`'s model, or None."""
+    model = target.model
+    if getattr(model, "mrope", False):
+        return "M-RoPE rows need explicit positions"
+    reason = quantized_kv_refusal(target.storage, "the fused attention kernel")
+    if reason is not None:
+        return reason
+    if target.head is None:
+        return "the model's head is not split from its backbone"
+    backbone = getattr(model, "model", None)
+    if type(getattr(backbone, "norm", None)) is not nn.RMSNorm or not hasattr(backbone, "embed_tokens"):
+        return "not a Llama-shaped backbone (embed_tokens, layers, an RMSNorm)"
+    for layer in getattr(backbone, "layers", []):
+        reason = _layer_refusal(layer)
+        if reason is not None:
+            return reason
+    dims = {(s.k_head_dim, s.v_head_dim) for s in target.storage.shapes}
+    if any(k != v or not cuda_attention.supports(k, target.storage.dtype) for k, v in dims):
+        return "the kernel needs equal K and V head dims, a multiple of 32 up to 256"
+    return cache_refusal(model)
+
+
+def _layer_refusal(layer: Any) -> str | None:
+    norms = (getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None))
+    if any(type(n) is not nn.RMSNorm for n in norms):
+        return "a layer without the two RMSNorms of a Llama block"
+    for parent, names in _PROJECTIONS.items():
+        if any(not isinstance(getattr(getattr(layer, parent, None), n, None), nn.Module) for n in names):
+            return f"a layer whose {parent} lacks {', '.join(names)}"
+    attn = layer.self_attn
+    if hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
+        return "per-head q/k norms"
+    rope = getattr(attn, "rope", None)
+    if not all(hasattr(attn, a) for a in ("n_heads", "n_kv_heads", "scale")) or not hasattr(
+        rope, "traditional"
+    ):
+        return "an attention without n_heads, n_kv_heads, scale and a rope module"
+    dims = getattr(rope, "dims", None)
+    if dims is None or dims != getattr(attn, "head_dim", None):
+        return "RoPE over part of the head, or a head dim the attention does not name"
+    return None
+
+
+@dataclass
+class _Attention:
+    n_heads: int
+    scale: float
+    traditional: bool
+
+
+@dataclass
+class _Layer:
+    qkv: FusedLinears
+    attn: _Attention
+    o_proj: nn.Module
+    mlp: nn.Module
+    input_norm: nn.RMSNorm
+    post_norm: nn.RMSNorm
+
+
+class _Step:
+    def __init__(self, offsets: mx.array, table: mx.array, slots: mx.array):
+        self.table, self.slots, self.lengths = table, slots, offsets + 1
+
+
+class FusedDecode:
+    """Runs B single-token rows through the fused forward, padded to bucket shapes (decode_graph.py's map)."""
+
+    rows_share_sequences = False  # each row writes its K/V while others attend: no two rows of one sequence
+
+    def __init__(self, model: nn.Module, storage: KVStorage, head: Head, layers: list[_Layer], kernels: Any):
+        self.backbone = model.model
+        self.storage, self.head, self.layers, self.kernels = storage, head, layers, kernels
+        self.num_layers = len(layers)
+        rope = model.layers[0].self_attn.rope
+        self.rope = rope
+        dim = storage.shapes[0].k_head_dim
+        self.basis = _rope_basis(dim, rope.traditional)
+        self._compiled = mx.compile(self._forward)
+
+    @classmethod
+    def for_target(cls, target: Target, kernels: Any, wrap=None) -> FusedDecode | str:
+        """Fuses the model's projections and builds the forward; a reason where a layer does not fuse."""
+        model = target.model
+        qkvs = fuse_qkv(model, wrap)
+        fuse_gate_up(model, wrap)
+        if len(qkvs) != len(model.layers):
+            return "the q, k and v projections differ in kind and cannot be one product"
+        layers = [
+            _Layer(
+                qkv,
+                _Attention(layer.self_attn.n_heads, layer.self_attn.scale, layer.self_attn.rope.traditional),
+                layer.self_attn.o_proj,
+                layer.mlp,
+                layer.input_layernorm,
+                layer.post_attention_layernorm,
+            )
+            for qkv, layer in zip(qkvs, model.layers)
+        ]
+        assert target.head is not None, "shape_refusal checked the head"
+        return cls(model, target.storage, target.head, layers, kernels)
+
+    def step(self, tokens: mx.array, offsets: list[int], tables: list[list[int]]) -> mx.array:
+        """tokens (B,) int32 (may be lazy); returns lazy logits (B, vocab) and installs the pools."""
+        batch = len(offsets)
+        padded = bucket(batch)
+        table, offs, slots = padded_layout(
+            offsets, tables, padded, self.storage.block_size, self.storage.scratch_block
+        )
+        if padded > batch:
+            tokens = mx.concatenate([tokens, mx.zeros((padded - batch,), mx.int32)])
+        pools = self.storage.arrays()
+        self.storage.keys.clear()
+        self.storage.values.clear()
+        logits, *new_pools = self._compiled(tokens, offs, table, slots, *pools)
+        del pools  # the reference kernels scatter: the graph must hold the only reference
+        self.storage.keys.extend(new_pools[: self.num_layers])
+        self.storage.values.extend(new_pools[self.num_layers :])
+        return logits[:batch] if padded > batch else logits
+
+    def _forward(self, tokens, offsets, table, slots, *pools):
+        step = _Step(offsets, table, slots)
+        rows, dim, n = tokens.shape[0], self.basis.shape[-1], self.num_layers
+        # A materialized basis: MLX's CUDA RoPE gives a broadcast input's strides to its output, so the
+        # rows of a broadcast basis would all land in one row.
+        basis = mx.zeros((rows, 1, 1, dim), mx.float32) + self.basis
+        cos_sin = self.rope(basis, offset=offsets).reshape(rows, dim)
+        h = self.backbone.embed_tokens(tokens)
+        x = self.layers[0].input_norm(h)
+        new_pools: list[list[mx.array]] = [[], []]
+        for i, layer in enumerate(self.layers):
+            qkv = layer.qkv.linear(x)
+            out, written = self.kernels.rope_write_attend(
+                qkv, cos_sin, (pools[i], pools[n + i]), step, layer.attn
+            )
+            new_pools[0].append(written[0])
+            new_pools[1].append(written[1])
+            h, x = self.kernels.add_rms_norm(
+                h, layer.o_proj(out), layer.post_norm.weight, layer.post_norm.eps
+            )
+            norm = self.layers[i + 1].input_norm if i + 1 < n else self.backbone.norm
+            h, x = self.kernels.add_rms_norm(h, layer.mlp(x), norm.weight, norm.eps)
+        return [self.head(x), *new_pools[0], *new_pools[1]]
+
+
+def _rope_basis(dim: int, traditional: bool) -> mx.array:
+    """Ones where a rotated pair starts: RoPE turns them into cos there and sin at the pair's partner."""
+    ones = mx.arange(dim) % 2 == 0 if traditional else mx.arange(dim) < dim // 2
+    return ones.astype(mx.float32).reshape(1, 1, 1, dim)
+
+
+def reference(target: Target) -> FusedDecode | str:
+    """The fused forward in MLX operations (layer_kernels.ReferenceKernels): the kernels' contract, on
+    any device."""
+    return FusedDecode.for_target(target, ReferenceKernels())
+
+
+def probe(fused: FusedDecode, target: Target, reference_kernel: bool = False) -> str | None:
+    """Runs a few staggered decode steps through the fused forward and through the model's own call in
+    the decode graph on the same blocks; None where the logits agree. With `reference_kernel` the model's
+    attention runs in the paged attention kernel (engine/runner/cuda/cuda_attention.py), whose float32
+    accumulation the fused kernel shares: in bf16 a different attention's rounding alone moves a random
+    model's logits by a few percent, which would hide a real error behind a loose tolerance."""
+    storage = target.storage
+    per_row = -(-_PROBE_STEPS // storage.block_size)
+    if _PROBE_ROWS * per_row > storage.num_blocks:
+        return "the KV pool is too small for the load-time probe"
+    own = DecodeGraph(target.model, storage, use_kernel=reference_kernel)
+    expected, got = (
+        _probe_run(own, storage.block_size, per_row),
+        _probe_run(fused, storage.block_size, per_row),
+    )
+    tolerance = _PROBE_TOLERANCE.get(storage.dtype, _HALF_TOLERANCE)
+    worst: float = max(  # type: ignore[type-var, assignment]  # .item() of a float32 scalar
+        (mx.abs(a - b).max() / mx.maximum(mx.abs(a).max(), 1e-6)).item() for a, b in zip(expected, got)
+    )
+    if worst > tolerance:
+        return f"its logits differ from the model's own call by {worst:.3g} of the largest logit on a probe"
+    return None
+
+
+def _probe_run(path: Any, block_size: int, per_row: int) -> list[mx.array]:
+    """Row r joins at step r, so rows have different lengths; tokens are fixed."""
+    out = []
+    for s in range(_PROBE_STEPS):
+        active = [r for r in range(_PROBE_ROWS) if r <= s]
+        offsets = [s - r for r in active]
+        tables = [
+            list(range(r * per_row, r * per_row + o // block_size + 1)) for r, o in zip(active, offsets)
+        ]
+        tokens = mx.array([(7 * r + 13 * s + 1) % 100 for r in active], dtype=mx.int32)
+        logits = path.step(tokens, offsets, tables).astype(mx.float32)
+        mx.eval(logits, *path.storage.arrays())
+        out.append(logits)
+    return out
