@@ -23,7 +23,34 @@ import mlx.core as mx
 
 _WARPS = 4
 
-_SOURCE = """
+# Merges the warps' online-softmax partials (max m, sum l, weighted V acc) of one (row, head) and
+# writes out[bh]; shared with engine/runner/cuda/layer_kernels.py's fused attention.
+WARP_MERGE = """\
+    __shared__ float sm_m[WARPS];
+    __shared__ float sm_l[WARPS];
+    __shared__ float sm_acc[WARPS][D];
+    if (lane == 0) { sm_m[warp] = m; sm_l[warp] = l; }
+    for (int i = 0; i < PER; ++i) sm_acc[warp][lane * PER + i] = acc[i];
+    __syncthreads();
+    if (warp == 0) {
+        float big = sm_m[0];
+        for (int w = 1; w < WARPS; ++w) big = fmaxf(big, sm_m[w]);
+        float total = 0.0f, weight[WARPS];
+        for (int w = 0; w < WARPS; ++w) {
+            weight[w] = sm_m[w] == -INFINITY ? 0.0f : __expf(sm_m[w] - big);
+            total += sm_l[w] * weight[w];
+        }
+        for (int i = 0; i < PER; ++i) {
+            const int d = lane * PER + i;
+            float o = 0.0f;
+            for (int w = 0; w < WARPS; ++w) o += sm_acc[w][d] * weight[w];
+            out[(size_t)bh * D + d] = static_cast<T>(o / total);
+        }
+    }
+"""
+
+_SOURCE = (
+    """
     const int bh = blockIdx.x;
     const int b = bh / NQ;
     const int h = bh % NQ;
@@ -54,28 +81,9 @@ _SOURCE = """
         for (int i = 0; i < PER; ++i) acc[i] = acc[i] * corr + p * static_cast<float>(v_pool[base + i]);
         m = m_new;
     }
-    __shared__ float sm_m[WARPS];
-    __shared__ float sm_l[WARPS];
-    __shared__ float sm_acc[WARPS][D];
-    if (lane == 0) { sm_m[warp] = m; sm_l[warp] = l; }
-    for (int i = 0; i < PER; ++i) sm_acc[warp][lane * PER + i] = acc[i];
-    __syncthreads();
-    if (warp == 0) {
-        float big = sm_m[0];
-        for (int w = 1; w < WARPS; ++w) big = fmaxf(big, sm_m[w]);
-        float total = 0.0f, weight[WARPS];
-        for (int w = 0; w < WARPS; ++w) {
-            weight[w] = sm_m[w] == -INFINITY ? 0.0f : __expf(sm_m[w] - big);
-            total += sm_l[w] * weight[w];
-        }
-        for (int i = 0; i < PER; ++i) {
-            const int d = lane * PER + i;
-            float o = 0.0f;
-            for (int w = 0; w < WARPS; ++w) o += sm_acc[w][d] * weight[w];
-            out[(size_t)bh * D + d] = static_cast<T>(o / total);
-        }
-    }
 """
+    + WARP_MERGE
+)
 
 
 def kernel_available() -> bool:

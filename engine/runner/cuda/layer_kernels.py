@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from engine.runner.cuda.cuda_attention import WARP_MERGE
+
 import mlx.core as mx
 
 WARPS = 4
@@ -54,7 +56,8 @@ _ADD_RMS_NORM = """
     }
 """
 
-_ROPE_WRITE_ATTEND = """
+_ROPE_WRITE_ATTEND = (
+    """
     const int bh = blockIdx.x;
     const int b = bh / NQ;
     const int h = bh % NQ;
@@ -133,28 +136,9 @@ _ROPE_WRITE_ATTEND = """
         for (int i = 0; i < PER; ++i) acc[i] = acc[i] * corr + p * vf[i];
         m = m_new;
     }
-    __shared__ float sm_m[WARPS];
-    __shared__ float sm_l[WARPS];
-    __shared__ float sm_acc[WARPS][D];
-    if (lane == 0) { sm_m[warp] = m; sm_l[warp] = l; }
-    for (int i = 0; i < PER; ++i) sm_acc[warp][lane * PER + i] = acc[i];
-    __syncthreads();
-    if (warp == 0) {
-        float big = sm_m[0];
-        for (int w = 1; w < WARPS; ++w) big = fmaxf(big, sm_m[w]);
-        float total = 0.0f, weight[WARPS];
-        for (int w = 0; w < WARPS; ++w) {
-            weight[w] = sm_m[w] == -INFINITY ? 0.0f : __expf(sm_m[w] - big);
-            total += sm_l[w] * weight[w];
-        }
-        for (int i = 0; i < PER; ++i) {
-            const int d = lane * PER + i;
-            float o = 0.0f;
-            for (int w = 0; w < WARPS; ++w) o += sm_acc[w][d] * weight[w];
-            out[(size_t)bh * D + d] = static_cast<T>(o / total);
-        }
-    }
 """
+    + WARP_MERGE
+)
 
 
 @lru_cache(maxsize=1)
