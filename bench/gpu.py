@@ -48,7 +48,7 @@ from mlx_lm.utils import load as mlx_lm_load
 from pydantic import ValidationError
 
 from bench.gpu_check import PAIRS, greedy_check
-from bench.gpu_models import BuiltModel, Shape, build_model_dir, parse_shapes
+from bench.gpu_models import BuiltModel, Shape, build_model_dir, parse_overrides, parse_shapes
 
 GREEDY = SamplingParams(temperature=0.0, ignore_eos=True)
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.95, ignore_eos=True)
@@ -96,19 +96,6 @@ def ceilings(n: int = 8192, copy_elems: int = 1 << 29) -> dict:
 
 
 # ---- the engine ---------------------------------------------------------------------------------
-
-
-def parse_overrides(items: list[str]) -> dict:
-    overrides = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--engine and --baseline take key=value, got {item!r}")
-        try:
-            overrides[key] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[key] = value
-    return overrides
 
 
 def engine_config(model_dir: Path, overrides: dict, **fixed) -> EngineConfig:
@@ -389,9 +376,9 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     shapes = parse_shapes(args.shapes, args.tiny)
-    variants = {"engine": parse_overrides(args.engine)}
+    variants = {"engine": parse_overrides(args.engine, "--engine")}
     if args.baseline:
-        variants["baseline"] = {**variants["engine"], **parse_overrides(args.baseline)}
+        variants["baseline"] = {**variants["engine"], **parse_overrides(args.baseline, "--baseline")}
     for overrides in variants.values():
         try:  # a misspelt field fails here, before any model is built
             engine_config(Path("."), overrides)

@@ -1,5 +1,6 @@
 """The models bench/gpu.py measures: Llama shapes with random weights, written as mlx-lm directories tensor by
-tensor, and the bytes and parameters their rooflines count. Owns only the directories; measuring is gpu.py's.
+tensor, and the bytes and parameters their rooflines count; also the engine settings a GPU bench takes as
+`key=value` words (bench/gpu.py, bench/stress.py). Owns only the directories; measuring is gpu.py's.
 
 A shape is `1b` (Llama-3.2-1B's config, tied embeddings) or `8b` (Llama-3.1-8B's, untied), optionally with
 `-4bit`: every Linear and Embedding whose input width 64 divides quantized as mlx-lm quantizes (affine, group
@@ -179,3 +180,19 @@ def _write_tokenizer(path: Path, vocab_size: int) -> None:
     tokenizer.save(str(path / "tokenizer.json"))
     tok_config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "t0", "eos_token": "t1"}
     (path / "tokenizer_config.json").write_text(json.dumps(tok_config))
+
+
+def parse_overrides(items: list[str], flag: str) -> dict:
+    """EngineConfig fields from `key=value` words, each value read as JSON where it parses."""
+    overrides: dict = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(
+                f"{flag} takes key=value (an EngineConfig field, e.g. max_num_seqs=128), got {item!r}"
+            )
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    return overrides

@@ -48,6 +48,7 @@ import mlx.core as mx
 import numpy as np
 from pydantic import ValidationError
 
+from bench.gpu_models import build_model_dir, parse_overrides, parse_shapes
 from bench.stress_load import MAX_OUTPUT_LEN, MIN_PROMPT_LEN, Tracked, Workload, request_failures
 from bench.stress_report import (
     PHASES,
@@ -269,31 +270,16 @@ def check(run: StressRun, llm: LLMEngine) -> list[str]:
 
 
 def build_random_model(path: Path, shape: str, seed: int) -> None:
-    """bench/gpu.py's random-weight Llama directory, from bench/gpu_models.py where that module exists
-    (the builder is moving there, taking shapes by name)."""
-    try:
-        from bench import gpu_models
-    except ImportError:
-        from bench import gpu
-
-        gpu.build_model_dir(path, gpu.TINY if shape == "tiny" else gpu.LLAMA_1B, seed)
-        return
-    (spec,) = gpu_models.parse_shapes("1b", tiny=shape == "tiny")
-    gpu_models.build_model_dir(path, spec, seed)
+    """bench/gpu.py's random-weight Llama-3.2-1B-shaped directory (or its tiny variant)."""
+    (spec,) = parse_shapes("1b", tiny=shape == "tiny")
+    build_model_dir(path, spec, seed)
 
 
 def engine_config(model: str, args: argparse.Namespace) -> EngineConfig:
     fields: dict = {"max_num_seqs": args.max_concurrency, "max_num_batched_tokens": 2048}
     if args.model is None:  # the random model: room for every live request's prompt and output
         fields["kv_cache_memory_bytes"] = (8 << 30) if args.shape == "1b" else (1 << 30)
-    for item in args.config:
-        key, sep, raw = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--config {item!r}: write key=value, e.g. max_num_seqs=128")
-        try:
-            fields[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            fields[key] = raw
+    fields.update(parse_overrides(args.config, "--config"))
     try:
         return EngineConfig(model=model, **fields)
     except ValidationError as exc:

@@ -16,7 +16,7 @@ so a new batch size or a longer context reuses a graph already traced for its bu
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from engine.runner import attention_hook
 from engine.runner.cuda import cuda_attention
@@ -78,6 +78,31 @@ def padded_layout(
     offs[: len(offsets)] = offsets
     slots = table[np.arange(padded), offs // block_size] * block_size + offs % block_size
     return mx.array(table), mx.array(offs), mx.array(slots.astype(np.int32))
+
+
+def bucketed_step(
+    compiled: Callable[..., list[mx.array]],
+    storage: KVStorage,
+    tokens: mx.array,
+    offsets: list[int],
+    tables: list[list[int]],
+) -> mx.array:
+    """Runs `compiled(tokens, offsets, table, slots, *pools) -> [logits, *keys, *values]` on B rows padded
+    to the bucket shapes (module map), installs the pools it returns and gives the B rows' lazy logits."""
+    batch = len(offsets)
+    padded = bucket(batch)
+    table, offs, slots = padded_layout(offsets, tables, padded, storage.block_size, storage.scratch_block)
+    if padded > batch:
+        tokens = mx.concatenate([tokens, mx.zeros((padded - batch,), mx.int32)])
+    pools = storage.arrays()
+    storage.keys.clear()
+    storage.values.clear()
+    logits, *new_pools = compiled(tokens, offs, table, slots, *pools)
+    del pools  # the graph holds the only reference, so scatters into the pools run in place
+    num_layers = len(new_pools) // 2
+    storage.keys.extend(new_pools[:num_layers])
+    storage.values.extend(new_pools[num_layers:])
+    return logits[:batch] if padded > batch else logits
 
 
 class _GraphLayerCache:
@@ -178,21 +203,7 @@ class DecodeGraph:
 
     def step(self, tokens: mx.array, offsets: list[int], tables: list[list[int]]) -> mx.array:
         """tokens (B,) int32 (may be lazy); returns lazy logits (B, vocab) and installs the new pools."""
-        batch = len(offsets)
-        padded = bucket(batch)
-        table, offs, slots = padded_layout(
-            offsets, tables, padded, self.block_size, self.storage.scratch_block
-        )
-        if padded > batch:
-            tokens = mx.concatenate([tokens, mx.zeros((padded - batch,), mx.int32)])
-        pools = self.storage.arrays()
-        self.storage.keys.clear()
-        self.storage.values.clear()
-        logits, *new_pools = self._compiled(tokens, offs, table, slots, *pools)
-        del pools  # the graph holds the only reference, so the scatters run in place
-        self.storage.keys.extend(new_pools[: self.num_layers])
-        self.storage.values.extend(new_pools[self.num_layers :])
-        return logits[:batch] if padded > batch else logits
+        return bucketed_step(self._compiled, self.storage, tokens, offsets, tables)
 
     def _forward(self, tokens, offsets, table, slots, *pools):
         step = _StepArrays(offsets, table, slots, self.block_size, self.use_kernel)

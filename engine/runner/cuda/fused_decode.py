@@ -25,7 +25,7 @@ from typing import Any
 
 from engine.runner import attention_hook
 from engine.runner.cuda import cuda_attention
-from engine.runner.cuda.decode_graph import DecodeGraph, bucket, padded_layout
+from engine.runner.cuda.decode_graph import DecodeGraph, bucketed_step
 from engine.runner.cuda.fused_projections import FusedLinears, fuse_gate_up, fuse_qkv
 from engine.runner.cuda.layer_kernels import CudaKernels, ReferenceKernels
 from engine.runner.cuda.small_matmul import small_rows
@@ -143,10 +143,8 @@ class FusedDecode:
         self.backbone = model.model
         self.storage, self.head, self.layers, self.kernels = storage, head, layers, kernels
         self.num_layers = len(layers)
-        rope = model.layers[0].self_attn.rope
-        self.rope = rope
-        dim = storage.shapes[0].k_head_dim
-        self.basis = _rope_basis(dim, rope.traditional)
+        self.rope = model.layers[0].self_attn.rope
+        self.basis = _rope_basis(storage.shapes[0].k_head_dim, self.rope.traditional)
         self._compiled = mx.compile(self._forward)
 
     @classmethod
@@ -172,22 +170,9 @@ class FusedDecode:
         return cls(model, target.storage, target.head, layers, kernels)
 
     def step(self, tokens: mx.array, offsets: list[int], tables: list[list[int]]) -> mx.array:
-        """tokens (B,) int32 (may be lazy); returns lazy logits (B, vocab) and installs the pools."""
-        batch = len(offsets)
-        padded = bucket(batch)
-        table, offs, slots = padded_layout(
-            offsets, tables, padded, self.storage.block_size, self.storage.scratch_block
-        )
-        if padded > batch:
-            tokens = mx.concatenate([tokens, mx.zeros((padded - batch,), mx.int32)])
-        pools = self.storage.arrays()
-        self.storage.keys.clear()
-        self.storage.values.clear()
-        logits, *new_pools = self._compiled(tokens, offs, table, slots, *pools)
-        del pools  # the reference kernels scatter: the graph must hold the only reference
-        self.storage.keys.extend(new_pools[: self.num_layers])
-        self.storage.values.extend(new_pools[self.num_layers :])
-        return logits[:batch] if padded > batch else logits
+        """tokens (B,) int32 (may be lazy); returns lazy logits (B, vocab). The CUDA kernels write the
+        pools in place and hand them back; the reference kernels scatter, like the decode graph."""
+        return bucketed_step(self._compiled, self.storage, tokens, offsets, tables)
 
     def _forward(self, tokens, offsets, table, slots, *pools):
         step = _Step(offsets, table, slots)
