@@ -1,14 +1,18 @@
-"""HTTP serving benchmark: this server (`serve run serve_config.yaml`) against mlx-lm, vllm-mlx and
-mlx-openai-server on the same bundled model, the same patched OpenBLAS and the same prompts.
+"""HTTP serving benchmark: this server (`serve run serve_config.yaml`, or at other weights) against
+mlx-lm, vllm-mlx, mlx-openai-server (same bundled model, same patched OpenBLAS) and llama.cpp's
+`llama-server` and llama-cpp-python's server (the bundled Q4_1 GGUF and an f32 GGUF made from it),
+all on the same prompts.
 
     python bench/serve.py [--servers ours,mlx-lm,vllm-mlx,mlx-openai-server] [--concurrency 1,4,16]
                           [--requests-per-level 8,8,32] [--max-tokens 128] [--prompt-tokens 200]
-                          [--out bench/results/serve.json]
+                          [--orders 2] [--llama-build DIR] [--out bench/results/serve.json]
 
-Servers run one at a time (2-core machine): install (first run only), start, wait for /v1/models,
-check BLAS, warm up with one request, run every concurrency level, stop. Prints a markdown table
-(TTFT p50/p90, time per output token, aggregate output tok/s, completion tokens per request,
-errors) and writes everything to JSON. Only 127.0.0.1 is ever contacted.
+Servers run one at a time (2-core machine): install or build (first run only), start, wait for
+/v1/models, check BLAS, warm up with one request, run every concurrency level, stop; with
+`--orders 2` the list runs again in reverse order. Prints a markdown table (TTFT p50/p90, time per
+output token, chunk gaps p50/p90, aggregate output tok/s, completion tokens per request, errors),
+a comparison table with one row per server ("run 1 / run 2"), and writes everything to JSON.
+Only 127.0.0.1 is ever contacted.
 """
 
 from __future__ import annotations
@@ -31,13 +35,13 @@ import uuid
 
 import yaml
 
-from bench import serve_load, serve_peers, serve_proc, serve_report
+from bench import serve_install, serve_llama, serve_load, serve_peers, serve_proc, serve_report
 
 SETUP_CODE = """
 import engine, json, sys
 from pathlib import Path
 from engine.platform.blas import blas_state, default_blas_threads
-from engine.models.default_model import resolve_model_path
+from engine.models.default_model import bundled_gguf_path, resolve_model_path
 from engine.platform.paths import cache_dir
 from mlx_lm.utils import load_tokenizer
 from bench.serve_load import make_messages
@@ -46,7 +50,7 @@ tok = load_tokenizer(Path(model_dir))
 def count(n):
     return len(tok.apply_chat_template(make_messages(0, "calibrate", n), add_generation_prompt=True))
 lo, hi = count(50), count(250)
-print(json.dumps({"model_dir": str(model_dir), "blas_path": blas_state().path,
+print(json.dumps({"model_dir": str(model_dir), "gguf_path": str(bundled_gguf_path()), "blas_path": blas_state().path,
                   "blas_threads": default_blas_threads(), "cache_dir": str(cache_dir()),
                   "eos_token_ids": sorted(tok.eos_token_ids), "tokens_at_50": lo, "tokens_per_word": (hi - lo) / 200}))
 """
@@ -55,6 +59,8 @@ print(json.dumps({"model_dir": str(model_dir), "blas_path": blas_state().path,
 METRICS = {
     "ttft": "request sent -> first chunk with non-empty delta content",
     "itl": "(last content delta - first content delta) / (completion_tokens - 1), per request, then the mean",
+    "chunk_gap": "time between two consecutive SSE chunks of one stream that carry content (after the "
+    "first), pooled over the level's successful requests; p50 and p90",
     "aggregate_tok_s": "completion tokens of all successful requests / level wall time (first send to last end)",
     "completion_tokens": "usage.completion_tokens of the final chunk (stream_options.include_usage); "
     "the number of content deltas where a server sends no usage",
@@ -82,11 +88,24 @@ def parse_args() -> argparse.Namespace:
         "--blas-threads",
         type=int,
         default=None,
-        help="OPENBLAS_NUM_THREADS for the peers; default: what our Scheduler uses",
+        help="OPENBLAS_NUM_THREADS for the MLX peers, -t for llama.cpp's; default: what our Scheduler uses",
     )
     ap.add_argument("--config", default="serve_config.yaml", help="our server's Serve config")
     ap.add_argument("--base-port", type=int, default=8100, help="peers listen on base-port + index")
     ap.add_argument("--reinstall", action="store_true", help="rebuild the peers' virtualenvs")
+    ap.add_argument(
+        "--orders",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="2: run the server list, then again in reverse order; both are reported",
+    )
+    ap.add_argument(
+        "--llama-build",
+        default=os.environ.get("MLX_RAY_SERVE_BENCH_LLAMA_BUILD"),
+        help="an existing llama.cpp cmake build directory (bin/llama-server, bin/llama-quantize; missing "
+        "targets are built in it); default: built once under <cache>/bench-llama/build",
+    )
     ap.add_argument("--out", default="bench/results/serve.json")
     return ap.parse_args()
 
@@ -136,11 +155,13 @@ def server_env(peer: serve_peers.Peer, env_info: dict) -> dict[str, str]:
     drop = ("LD_PRELOAD", "OPENBLAS_NUM_THREADS", "VIRTUAL_ENV", "RAY_ADDRESS")
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    if peer.name == "ours":
+    if peer.kind == "ours":
         # RAY_ADDRESS=local: always a private Ray instance, never one that another process started.
         # RAY_worker_niceness=0: Ray runs workers at nice 15, which on a busy box would put our engine
         # behind every other process while the peers run at nice 0.
         return env | {"RAY_ADDRESS": "local", "RAY_USAGE_STATS_ENABLED": "0", "RAY_worker_niceness": "0"}
+    if not peer.uses_mlx:
+        return env  # llama.cpp: ggml's own CPU kernels, its thread count on the command line
     # An empty, existing hub cache: mlx-lm's /v1/models scans it and fails with 500 when it is missing.
     hub = Path(env_info["cache_dir"]) / "bench-hf-hub"
     hub.mkdir(parents=True, exist_ok=True)
@@ -152,32 +173,50 @@ def server_env(peer: serve_peers.Peer, env_info: dict) -> dict[str, str]:
     }
 
 
-def start_server(peer: serve_peers.Peer, env_info: dict, args, index: int) -> serve_proc.ServerProcess:
+def start_server(
+    peer: serve_peers.Peer, env_info: dict, args, index: int, run: int
+) -> serve_proc.ServerProcess:
     cache = Path(env_info["cache_dir"])
-    log_path = cache / "bench-logs" / f"{peer.name}.log"
+    suffix = f"-run{run}" if args.orders > 1 else ""
+    log_path = cache / "bench-logs" / f"{peer.name}{suffix}.log"
     env = server_env(peer, env_info)
-    if peer.name == "ours":
-        config = (REPO / args.config).resolve()
+    if peer.kind == "ours":
+        config = ours_config_file(peer, args, cache)
         cmd = [str(Path(sys.executable).parent / "serve"), "run", str(config)]
         port = ours_port(ours_config(config))
         return serve_proc.start(peer.name, cmd, env, REPO, log_path, port, signal.SIGINT)
-    port = args.base_port + index
-    cmd = serve_peers.server_command(peer, cache, env_info["model_dir"], port)
-    return serve_proc.start(peer.name, cmd, env, log_path.parent, log_path, port)
+    inputs = serve_peers.ServeInputs(
+        cache=cache,
+        model_dir=env_info["model_dir"],
+        ggufs={weights: Path(path) for weights, path in env_info.get("ggufs", {}).items()},
+        llama_build=Path(env_info["llama_build"]["dir"]) if env_info.get("llama_build") else None,
+        port=args.base_port + index,
+        num_threads=env_info["peer_blas_threads"],
+        # prompt + max_tokens with room for template and tokenizer differences, in 256-token steps
+        ctx_per_slot=max(512, -(-(args.prompt_tokens + args.max_tokens + 64) // 256) * 256),
+    )
+    cmd = serve_peers.server_command(peer, inputs)
+    return serve_proc.start(peer.name, cmd, env, log_path.parent, log_path, inputs.port)
 
 
-def install_peers(names: list[str], env_info: dict, args) -> dict[str, str]:
-    """Builds every venv before any server starts, so installs never overlap a measurement."""
-    failed = {}
-    for name in names:
-        if name == "ours":
-            continue
-        try:
-            serve_peers.ensure_venv(serve_peers.PEERS[name], Path(env_info["cache_dir"]), args.reinstall, log)
-        except (RuntimeError, OSError, StopIteration) as exc:
-            failed[name] = f"install failed: {exc}"
-            log(f"[{name}] {failed[name]}")
-    return failed
+def ours_config_file(peer: serve_peers.Peer, args, cache: Path) -> Path:
+    """--config as is, or (a variant with its own model) a copy whose every app serves `peer.model`."""
+    config = (REPO / args.config).resolve()
+    if peer.model is None:
+        return config
+    data = ours_config(config)
+    for app in data.get("applications", []):
+        engine = (app.get("args") or {}).get("engine")
+        if engine is None:
+            raise RuntimeError(
+                f"{config}: application {app.get('name')!r} has no args.engine to set {peer.model} in; "
+                f"{peer.name} needs a single-model config"
+            )
+        engine["model"] = peer.model
+    out = cache / "bench-configs" / f"{peer.name}.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    return out
 
 
 def bodies(model: str, extra: dict, first: int, count: int, words: int, max_tokens: int, nonce: str) -> list:
@@ -187,29 +226,26 @@ def bodies(model: str, extra: dict, first: int, count: int, words: int, max_toke
     ]
 
 
-def bench_server(peer: serve_peers.Peer, env_info: dict, args, index: int) -> dict:
+def bench_server(peer: serve_peers.Peer, env_info: dict, args, index: int, run: int) -> dict:
     result: dict = {
         "name": peer.name,
+        "run": run,
+        "model": served_model(peer, env_info, args),
         "eos_mode": peer.eos_mode,
         "load_average_before": serve_report.load_average(),
     }
-    python = (
-        sys.executable if peer.name == "ours" else str(peer.venv(Path(env_info["cache_dir"])) / "bin/python")
-    )
     server = None
     try:
         t0 = time.monotonic()
-        server = start_server(peer, env_info, args, index)
+        server = start_server(peer, env_info, args, index, run)
         result["command"] = server.proc.args
         result["env_overrides"] = {
             k: v for k, v in server_env(peer, env_info).items() if os.environ.get(k) != v
         }
         model_ids = serve_proc.wait_ready(server, args.startup_timeout_s)
         result["startup_s"] = time.monotonic() - t0
-        result["versions"] = serve_peers.installed_versions(python, peer.version_of)
-        result["blas"] = serve_proc.blas_report(server, env_info["blas_path"])
-        key = "ours_blas_threads" if peer.name == "ours" else "peer_blas_threads"
-        result["blas"]["openblas_num_threads"] = env_info[key]
+        result["versions"] = versions(peer, env_info)
+        result["blas"] = blas(peer, server, env_info)
         run_levels(server, peer, model_ids, env_info, args, result)
     except Exception as exc:  # noqa: BLE001  (one server failing must not stop the others)
         result["error"] = f"{type(exc).__name__}: {exc}"
@@ -221,6 +257,37 @@ def bench_server(peer: serve_peers.Peer, env_info: dict, args, index: int) -> di
             result["log"] = str(server.log_path)
         result["load_average_after"] = serve_report.load_average()
     return result
+
+
+def served_model(peer: serve_peers.Peer, env_info: dict, args) -> str:
+    if peer.kind == "ours":
+        apps = ours_config(REPO / args.config).get("applications", [])
+        return peer.model or str(((apps[0].get("args") or {}).get("engine") or {}).get("model"))
+    if peer.weights:
+        return env_info["ggufs"][peer.weights]
+    return env_info["model_dir"]
+
+
+def versions(peer: serve_peers.Peer, env_info: dict) -> dict[str, str | None]:
+    if peer.kind == "llama-server":
+        build = Path(env_info["llama_build"]["dir"])
+        return {"llama-server": serve_llama.server_version(build), "source": serve_llama.LLAMA_CPP_PYTHON}
+    python = (
+        sys.executable if peer.kind == "ours" else str(peer.venv(Path(env_info["cache_dir"])) / "bin/python")
+    )
+    return serve_peers.installed_versions(python, peer.version_of)
+
+
+def blas(peer: serve_peers.Peer, server: serve_proc.ServerProcess, env_info: dict) -> dict:
+    if not peer.uses_mlx:
+        return {
+            "ok": None,
+            "note": "no MLX: ggml's own CPU kernels",
+            "num_threads": env_info["peer_blas_threads"],
+        }
+    report = serve_proc.blas_report(server, env_info["blas_path"])
+    key = "ours_blas_threads" if peer.kind == "ours" else "peer_blas_threads"
+    return report | {"openblas_num_threads": env_info[key]}
 
 
 def run_levels(server, peer, model_ids: list[str], env_info: dict, args, result: dict) -> None:
@@ -246,6 +313,20 @@ def run_levels(server, peer, model_ids: list[str], env_info: dict, args, result:
             f"TTFT p50 {summary['ttft_p50_ms'] or 0:.0f} ms, errors {summary['num_errors']}")  # fmt: skip
 
 
+def run_servers(names: list[str], install_failed: dict[str, str], env_info: dict, args) -> list[dict]:
+    """Every server once in the given order; with --orders 2, then again in reverse order."""
+    servers = []
+    for run, order in enumerate([names, names[::-1]][: args.orders], start=1):
+        for name in order:
+            if name in install_failed:
+                servers.append({"name": name, "run": run, "error": install_failed[name]})
+                continue
+            log(f"[{name}] starting (run {run} of {args.orders})")
+            peer = serve_peers.PEERS[name]
+            servers.append(bench_server(peer, env_info, args, names.index(name), run))
+    return servers
+
+
 def main() -> None:
     # SIGTERM becomes SystemExit, so the `finally` in bench_server still stops the running server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -263,6 +344,7 @@ def main() -> None:
     log(
         f"model {env_info['model_dir']}, BLAS {env_info['blas_path']}, {env_info['prompt_words']} words/prompt"
     )
+    install_failed = serve_install.install_peers(names, env_info, args, log)
     results = {
         "metrics": METRICS,
         "git": git_state(),
@@ -273,16 +355,11 @@ def main() -> None:
             "levels": levels(args),
             **env_info,
         },
-        "servers": [],
     }
-    install_failed = install_peers(names, env_info, args)
-    for index, name in enumerate(names):
-        if name in install_failed:
-            results["servers"].append({"name": name, "error": install_failed[name]})
-            continue
-        log(f"[{name}] starting")
-        results["servers"].append(bench_server(serve_peers.PEERS[name], env_info, args, index))
+    results["servers"] = run_servers(names, install_failed, env_info, args)
     print(serve_report.markdown_table(results["servers"]))
+    print()
+    print(serve_report.comparison_table(results["servers"]))
     print()
     print(serve_report.notes(results["servers"]))
     out = REPO / args.out if not Path(args.out).is_absolute() else Path(args.out)

@@ -6,11 +6,13 @@ answers (the caller passes the model name and any extra body fields) and starts 
 Timing map of one streamed request:
     sent ──TTFT──> first content delta ──gap──> delta ──gap──> ... last delta ──> [DONE]
     ITL (time per output token after the first) = (t_last - t_first) / (completion_tokens - 1)
+    chunk gaps: every `gap` above (a chunk may carry several tokens), pooled over a level's requests
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 import statistics
@@ -69,6 +71,8 @@ class RequestResult:
     ttft_s: float | None = None
     itl_s: float | None = None  # decode time per output token after the first
     delta_gap_s: float | None = None  # mean time between two content deltas
+    # Every time between two consecutive content-carrying chunks; result_dicts keeps only percentiles.
+    chunk_gaps_s: list[float] = field(default_factory=list)
     completion_tokens: int = 0
     prompt_tokens: int | None = None
     num_deltas: int = 0
@@ -87,6 +91,7 @@ class LevelResult:
         ok = [r for r in self.requests if r.ok]
         ttfts = sorted(r.ttft_s for r in ok if r.ttft_s is not None)
         itls = [r.itl_s for r in ok if r.itl_s is not None]
+        gaps = sorted(g for r in ok for g in r.chunk_gaps_s)
         tokens = sum(r.completion_tokens for r in ok)
         errors = [r.error for r in self.requests if not r.ok]
         return {
@@ -99,6 +104,8 @@ class LevelResult:
             "ttft_p90_ms": _pct(ttfts, 90) * 1000 if ttfts else None,
             "itl_mean_ms": statistics.fmean(itls) * 1000 if itls else None,
             "delta_gap_mean_ms": _mean_ms([r.delta_gap_s for r in ok]),
+            "chunk_gap_p50_ms": _pct(gaps, 50) * 1000 if gaps else None,
+            "chunk_gap_p90_ms": _pct(gaps, 90) * 1000 if gaps else None,
             "tokens_per_delta": tokens / max(1, sum(r.num_deltas for r in ok)),
             "aggregate_tok_s": tokens / self.wall_s if self.wall_s > 0 else None,
             "completion_tokens_mean": tokens / len(ok) if ok else None,
@@ -211,6 +218,7 @@ def _result(t0: float, delta_times: list[float], usage: dict | None) -> RequestR
         ttft_s=delta_times[0] - t0,
         itl_s=span / (tokens - 1) if tokens > 1 and gaps else None,
         delta_gap_s=span / gaps if gaps else None,
+        chunk_gaps_s=[b - a for a, b in itertools.pairwise(delta_times)],
         completion_tokens=tokens,
         prompt_tokens=(usage or {}).get("prompt_tokens"),
         num_deltas=len(delta_times),
@@ -240,4 +248,14 @@ async def run_level(base_url: str, bodies: list[dict], concurrency: int, timeout
 
 
 def result_dicts(level: LevelResult) -> list[dict]:
-    return [asdict(r) for r in level.requests]
+    return [_request_dict(r) for r in level.requests]
+
+
+def _request_dict(result: RequestResult) -> dict:
+    """A request as JSON; its chunk gaps become p50/p90/max ms (the pooled ones are in the summary)."""
+    row = asdict(result)
+    gaps = sorted(row.pop("chunk_gaps_s"))
+    row["chunk_gap_p50_ms"] = round(_pct(gaps, 50) * 1000, 2) if gaps else None
+    row["chunk_gap_p90_ms"] = round(_pct(gaps, 90) * 1000, 2) if gaps else None
+    row["chunk_gap_max_ms"] = round(gaps[-1] * 1000, 2) if gaps else None
+    return row

@@ -1,15 +1,18 @@
 """The servers `bench/serve.py` compares: how each is installed, started and asked to ignore EOS.
 
 Owns the per-peer virtualenvs under `<cache>/bench-venvs/<peer>` (built once, reused after) and the
-exact command line of every server; it never starts a process that serves (bench/serve_proc.py does).
+exact command line of every server; it never starts a process that serves (bench/serve_proc.py does)
+and never builds llama.cpp (bench/serve_llama.py does).
 
-Every peer runs MLX's Linux CPU backend (`mlx[cpu]`), pinned to the version tested here so reruns
-compare the same code; `--reinstall` rebuilds a venv.
+The MLX peers run MLX's Linux CPU backend (`mlx[cpu]`), pinned to the version tested here so reruns
+compare the same code; `--reinstall` rebuilds a venv. The llama.cpp peers run one GGUF each, at two
+weights: the bundled Q4_1 and a float32 one made from it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -22,53 +25,118 @@ from pathlib import Path
 MLX_LM = "mlx-lm==0.32.2"
 VLLM_MLX = "vllm-mlx==0.6.0"
 MLX_OPENAI_SERVER = "mlx-openai-server==1.8.1"
+LLAMA_CPP_PYTHON_SERVER = "llama-cpp-python[server]==0.3.36"  # compiled from the sdist (~15 min, 2 cores)
 # mflux (image generation) has no Linux build; mlx-openai-server imports it only for image models.
 SKIPPED_REQUIREMENTS = {"mflux"}
+# Our server at other weights: `engine.model` replacing the one in --config.
+OURS_MODELS = {
+    "ours-q8": "bundled:smollm2-135m-instruct-8bit",
+    "ours-q4": "bundled:smollm2-135m-instruct-q4",
+}
+LLAMA_KINDS = ("llama-server", "llama-cpp-python")
+LLAMA_WEIGHTS = ("q4_1", "f32")  # the bundled GGUF, and that GGUF dequantized to float32
+LLAMA_SERVER_SLOTS = 16  # --parallel: one slot per client at the highest concurrency of the issue
 
 
 @dataclass(frozen=True)
 class Peer:
     name: str
-    packages: list[str]  # what `pip install` gets; [] for our own server
+    kind: str  # which server program: "ours", one of LLAMA_KINDS, or an MLX peer's name
+    packages: list[str]  # what `pip install` gets; [] for ours and llama-server
     version_of: list[str]  # distributions whose versions go into the JSON
     # Extra body fields that stop the server from ending at EOS ("ignore_eos" where it is accepted,
     # else a -100 logit bias on the EOS ids, filled in by `eos_body`).
     eos_mode: str
     no_deps_package: str | None = None  # installed --no-deps, its requirements minus SKIPPED_REQUIREMENTS
     use_model_path: bool = False  # send the model directory as `model` (mlx-lm loads any other name)
-    extra_env: dict[str, str] = field(default_factory=dict)
+    model: str | None = None  # ours: the engine.model to serve; None keeps the config's
+    weights: str | None = None  # llama.cpp peers: a key of LLAMA_WEIGHTS
+    venv_name: str | None = None  # one venv for the weight variants of a peer; None: the peer's name
+    install_env: dict[str, str] = field(default_factory=dict)  # extra environment for `pip install`
 
     def venv(self, cache: Path) -> Path:
-        return cache / "bench-venvs" / self.name
+        return cache / "bench-venvs" / (self.venv_name or self.name)
+
+    @property
+    def uses_mlx(self) -> bool:
+        return self.kind not in LLAMA_KINDS
 
 
+@dataclass(frozen=True)
+class ServeInputs:
+    """What a peer's command line needs besides the peer itself."""
+
+    cache: Path
+    model_dir: str  # the float32 MLX model directory our engine builds (the MLX peers load it)
+    ggufs: dict[str, Path]  # weights -> GGUF file (llama.cpp peers)
+    llama_build: Path | None  # cmake build directory holding bin/llama-server
+    port: int
+    num_threads: int  # llama.cpp's -t / --n_threads: the BLAS thread count the MLX servers get
+    ctx_per_slot: int  # llama-server context per slot: prompt + max_tokens with room to spare
+
+
+def _llama_peers() -> dict[str, Peer]:
+    peers = {}
+    for weights in LLAMA_WEIGHTS:
+        # llama-server honours `ignore_eos` (it adds a -inf bias on every end-of-generation token).
+        name = f"llama-server-{weights}"
+        peers[name] = Peer(name, "llama-server", [], [], "ignore_eos", weights=weights)
+        # llama-cpp-python's server has no `ignore_eos`; it applies `logit_bias` (token ids as keys).
+        name = f"llama-cpp-python-{weights}"
+        peers[name] = Peer(name, "llama-cpp-python", [LLAMA_CPP_PYTHON_SERVER], ["llama-cpp-python"],
+                           "logit_bias", weights=weights, venv_name="llama-cpp-python",
+                           install_env={"CMAKE_ARGS": "-DGGML_NATIVE=ON -DLLAMA_CURL=OFF"})  # fmt: skip
+    return peers
+
+
+OURS_VERSIONS = ["mlx-ray-serve", "mlx", "mlx-lm", "ray"]
 PEERS: dict[str, Peer] = {
-    "ours": Peer("ours", [], ["mlx-ray-serve", "mlx", "mlx-lm", "ray"], "ignore_eos"),
-    "mlx-lm": Peer("mlx-lm", [MLX_LM, "mlx[cpu]"], ["mlx-lm", "mlx"], "logit_bias", use_model_path=True),
+    "ours": Peer("ours", "ours", [], OURS_VERSIONS, "ignore_eos"),
+    **{name: Peer(name, "ours", [], OURS_VERSIONS, "ignore_eos", model=m) for name, m in OURS_MODELS.items()},
+    "mlx-lm": Peer(
+        "mlx-lm", "mlx-lm", [MLX_LM, "mlx[cpu]"], ["mlx-lm", "mlx"], "logit_bias", use_model_path=True
+    ),
     # vllm-mlx 0.6.0 has no `ignore_eos` (pydantic drops the field silently) but applies logit_bias.
-    "vllm-mlx": Peer("vllm-mlx", [VLLM_MLX, "mlx[cpu]"], ["vllm-mlx", "mlx-lm", "mlx"], "logit_bias"),
+    "vllm-mlx": Peer(
+        "vllm-mlx", "vllm-mlx", [VLLM_MLX, "mlx[cpu]"], ["vllm-mlx", "mlx-lm", "mlx"], "logit_bias"
+    ),
     "mlx-openai-server": Peer(
+        "mlx-openai-server",
         "mlx-openai-server",
         ["mlx[cpu]"],
         ["mlx-openai-server", "mlx-lm", "mlx"],
         "logit_bias",
         no_deps_package=MLX_OPENAI_SERVER,
     ),
+    **_llama_peers(),
 }
 
 
-def server_command(peer: Peer, cache: Path, model_dir: str, port: int) -> list[str]:
-    bin_dir = peer.venv(cache) / "bin"
-    if peer.name == "mlx-lm":
-        return [str(bin_dir / "python"), "-m", "mlx_lm", "server", "--model", model_dir,
-                "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
-    if peer.name == "vllm-mlx":
+def server_command(peer: Peer, inputs: ServeInputs) -> list[str]:
+    bin_dir = peer.venv(inputs.cache) / "bin"
+    host_port = ["--host", "127.0.0.1", "--port", str(inputs.port)]
+    model_dir = inputs.model_dir
+    if peer.kind == "mlx-lm":
+        return [str(bin_dir / "python"), "-m", "mlx_lm", "server", "--model", model_dir, *host_port]
+    if peer.kind == "vllm-mlx":
         return [str(bin_dir / "vllm-mlx"), "serve", model_dir, "--continuous-batching", "--use-paged-cache",
-                "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
-    if peer.name == "mlx-openai-server":
+                *host_port]  # fmt: skip
+    if peer.kind == "mlx-openai-server":
         return [str(bin_dir / "mlx-openai-server"), "launch", "--model-path", model_dir, "--model-type", "lm",
-                "--host", "127.0.0.1", "--port", str(port), "--no-log-file"]  # fmt: skip
-    raise ValueError(f"no command for {peer.name}; ours is started by bench/serve_proc.py")
+                *host_port, "--no-log-file"]  # fmt: skip
+    if peer.kind == "llama-server":
+        assert inputs.llama_build is not None and peer.weights is not None
+        slots = LLAMA_SERVER_SLOTS
+        return [str(inputs.llama_build / "bin" / "llama-server"), "-m", str(inputs.ggufs[peer.weights]),
+                *host_port, "--parallel", str(slots), "--cont-batching", "-c", str(slots * inputs.ctx_per_slot),
+                "-t", str(inputs.num_threads)]  # fmt: skip
+    if peer.kind == "llama-cpp-python":
+        assert peer.weights is not None
+        # It serves one request at a time; by default a new request ends the one streaming (it sends
+        # [DONE] early and drops the connection). Off, requests wait their turn.
+        return [str(bin_dir / "python"), "-m", "llama_cpp.server", "--model", str(inputs.ggufs[peer.weights]),
+                *host_port, "--n_threads", str(inputs.num_threads), "--interrupt_requests", "False"]  # fmt: skip
+    raise ValueError(f"no command for {peer.name}; ours is started by bench/serve.py")
 
 
 def eos_body(peer: Peer, eos_token_ids: list[int]) -> dict:
@@ -78,7 +146,8 @@ def eos_body(peer: Peer, eos_token_ids: list[int]) -> dict:
 
 
 def ensure_venv(peer: Peer, cache: Path, reinstall: bool, log) -> Path:
-    """Builds the peer's venv once; a venv is reused only if its install finished (marker file)."""
+    """Builds the peer's venv once; a venv is reused only if its install finished (marker file).
+    Weight variants share one venv: `reinstall` rebuilds it once per run, not once per variant."""
     venv = peer.venv(cache)
     marker = venv / ".bench-installed"
     if marker.exists() and not reinstall:
@@ -93,7 +162,7 @@ def ensure_venv(peer: Peer, cache: Path, reinstall: bool, log) -> Path:
         _run([*pip, "--no-deps", str(wheel)])
         packages += _requirements(wheel)
     log(f"[{peer.name}] pip install {' '.join(packages)}")
-    _run([*pip, *packages])
+    _run([*pip, *packages], peer.install_env)
     marker.write_text(json.dumps(packages))
     return venv
 
@@ -143,7 +212,8 @@ def installed_versions(python: str, dists: list[str]) -> dict[str, str | None]:
     return json.loads(out.stdout)
 
 
-def _run(cmd: list[str]) -> None:
-    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+def _run(cmd: list[str], extra_env: dict[str, str] | None = None) -> None:
+    env = {**os.environ, **extra_env} if extra_env else None
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if res.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:6])} ... failed ({res.returncode}): {res.stderr[-2000:]}")

@@ -33,6 +33,9 @@ class ServerProcess:
             return ""
 
 
+PORT_WAIT_S = 60.0
+
+
 def port_is_free(port: int) -> bool:
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: TIME_WAIT is not "taken"
@@ -52,8 +55,12 @@ def free_port() -> int:
 
 def start(name: str, cmd: list[str], env: dict[str, str], cwd: Path, log_path: Path, port: int,
           stop_signal: int = signal.SIGTERM) -> ServerProcess:  # fmt: skip
-    if not port_is_free(port):
-        raise RuntimeError(f"port {port} on 127.0.0.1 is taken; free it or pass another --base-port")
+    # The server before may still be letting go of it (Ray's HTTP proxy outlives `serve run` briefly).
+    deadline = time.monotonic() + PORT_WAIT_S
+    while not port_is_free(port):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"port {port} on 127.0.0.1 is taken; free it or pass another --base-port")
+        time.sleep(1.0)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = log_path.open("w")
     log.write(f"$ {' '.join(cmd)}\n")

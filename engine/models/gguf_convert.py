@@ -7,6 +7,7 @@ lives or when it is rebuilt (that is engine/models/default_model.py).
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,9 +42,13 @@ _TOKEN_USER_DEFINED = 4
 _PRE_TOKENIZERS = {"smollm": True, "gpt-2": False, "default": False}
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path, dtype: str, desc: str = "Converting GGUF") -> None:
+def convert_gguf(
+    gguf_path: Path, out_dir: Path, dtype: str, desc: str = "Converting GGUF", keep_quantized: bool = False
+) -> None:
     """Writes config.json, generation_config.json, model.safetensors, tokenizer.json and
-    tokenizer_config.json for `gguf_path` into the existing directory `out_dir`."""
+    tokenizer_config.json for `gguf_path` into the existing directory `out_dir`. `keep_quantized`
+    keeps Q4_0/Q4_1/Q8_0 tensors as MLX's affine codes (groups of 32) instead of dequantizing them;
+    scales and biases are then stored in `dtype`."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}; pick one of those")
     loaded: Any = mx.load(str(gguf_path), return_metadata=True)  # MLX's stub types it as one union
@@ -51,10 +56,13 @@ def convert_gguf(gguf_path: Path, out_dir: Path, dtype: str, desc: str = "Conver
     meta: dict[str, Any] = loaded[1]
     config = build_config(meta, has_output="output.weight" in raw)
     bases = sorted({name.rsplit(".", 1)[0] for name in raw})
+    if keep_quantized:
+        config["quantization"] = _quantization(raw, bases)
     weights: dict[str, mx.array] = {}
     with tqdm(total=len(bases) + 2, desc=desc, unit="tensor") as bar:
-        for name, value in _convert_weights(raw, bases, config, DTYPES[dtype]):
-            weights[name] = value
+        for base in bases:
+            for name, value in _convert_tensor(raw, base, config, DTYPES[dtype], keep_quantized):
+                weights[name] = value
             bar.update()
         bar.set_postfix_str("tokenizer")
         _write_tokenizer(meta, out_dir, config["max_position_embeddings"])
@@ -104,18 +112,37 @@ def _int(meta: dict[str, Any], key: str) -> int:
     return int(meta[key].item())
 
 
-def _convert_weights(
-    raw: dict[str, mx.array], bases: list[str], config: dict[str, Any], dtype: mx.Dtype
+def _convert_tensor(
+    raw: dict[str, mx.array], base: str, config: dict[str, Any], dtype: mx.Dtype, keep_quantized: bool
 ) -> Iterator[tuple[str, mx.array]]:
-    for base in bases:
-        weight = _dequantize(raw, base).astype(dtype)
-        kind = base.split(".")[-1]
-        if kind == "attn_q":
-            weight = unpermute_rope_rows(weight, config["num_attention_heads"])
-        elif kind == "attn_k":
-            weight = unpermute_rope_rows(weight, config["num_key_value_heads"])
-        mx.eval(weight)  # one tensor at a time keeps the progress bar honest and peak memory low
-        yield mlx_name(base) + ".weight", weight
+    """The mlx-lm tensors of one GGUF tensor: its weight, and its scales and biases where it stays
+    quantized. Rows of q and k (codes, scales and biases alike) go back to the half-split layout."""
+    parts = {"weight": _dequantize(raw, base).astype(dtype)}
+    if keep_quantized and base + ".scales" in raw:
+        parts = {"weight": raw[base + ".weight"]}
+        parts |= {kind: raw[f"{base}.{kind}"].astype(dtype) for kind in ("scales", "biases")}
+    heads = {"attn_q": "num_attention_heads", "attn_k": "num_key_value_heads"}.get(base.split(".")[-1])
+    for kind, value in parts.items():
+        if heads is not None:
+            value = unpermute_rope_rows(value, config[heads])
+        mx.eval(value)  # one tensor at a time keeps the progress bar honest and peak memory low
+        yield f"{mlx_name(base)}.{kind}", value
+
+
+def _quantization(raw: dict[str, mx.array], bases: list[str]) -> dict[str, Any]:
+    """mlx-lm's `quantization` config: the most common bit width for the model, and an entry of its
+    own for each module of another width (the Q4_1 file keeps token_embd in Q8_0)."""
+    widths = {base: _bits(raw, base) for base in bases if base + ".scales" in raw}
+    common = Counter(widths.values()).most_common(1)[0][0]
+    config: dict[str, Any] = {"group_size": _GGUF_GROUP_SIZE, "bits": common}
+    for base, bits in widths.items():
+        if bits != common:
+            config[mlx_name(base)] = {"group_size": _GGUF_GROUP_SIZE, "bits": bits}
+    return config
+
+
+def _bits(raw: dict[str, mx.array], base: str) -> int:
+    return raw[base + ".weight"].shape[-1] * 32 // (raw[base + ".scales"].shape[-1] * _GGUF_GROUP_SIZE)
 
 
 def _dequantize(raw: dict[str, mx.array], base: str) -> mx.array:
@@ -123,7 +150,7 @@ def _dequantize(raw: dict[str, mx.array], base: str) -> mx.array:
     scales = raw.get(base + ".scales")
     if scales is None:
         return weight
-    bits = weight.shape[-1] * 32 // (scales.shape[-1] * _GGUF_GROUP_SIZE)
+    bits = _bits(raw, base)
     # float32 scales and biases reproduce llama.cpp's dequantization exactly; float16 ones round.
     return mx.dequantize(
         weight,

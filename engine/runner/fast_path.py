@@ -40,6 +40,23 @@ class DecodePath(Protocol):
         not; writes each row's new K/V into its slot of the pools."""
 
 
+class ChunkPath(Protocol):
+    """A decode path that also takes prefill chunks, as rows of one sequence at consecutive positions
+    (the CPU's C forward over quantized weights, where MLX's own quantized matmul is slow)."""
+
+    serves_chunks: bool
+
+    def step(
+        self,
+        tokens: mx.array,
+        starts: list[int],
+        tables: list[list[int]],
+        logit_rows: list[int] | None = None,
+    ) -> mx.array:
+        """As DecodePath's, with each row's K/V written before any row attends; logits of `logit_rows`
+        only (default: every row), in that order."""
+
+
 class FastPath(Protocol):
     name: str  # as /v1/status shows it
     role: str  # "decode", "attention", "math" or "prefill"

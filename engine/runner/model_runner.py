@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from engine.core.scheduler import ScheduledRequest, SchedulerPlan
 from engine.messages import ComputePaths
 from engine.models.vision_inputs import model_inputs
 from engine.runner.backends import Choice
+from engine.runner.fast_path import ChunkPath
 from engine.runner.layer_caches import LayerCaches
 from engine.runner.paged_attention import StepLayout
 from engine.runner.state_storage import StateRows, StateStorage
@@ -83,6 +84,10 @@ class ModelRunner:
         prefill = [s for s in plan.scheduled if s.num_new_tokens > 1 and not s.num_spec_tokens]
         items: list[ScheduledRequest] = []
         rows: list[mx.array] = []
+        if getattr(self.decode, "serves_chunks", False) and (decode or prefill):
+            # One call for every decode row and prefill chunk (the CPU's C forward over quantized weights).
+            items, logits = self._forward_rows(decode + prefill)
+            rows, decode, prefill = [logits], [], []
         # Chunks of similar length two by two (a short partner would leave the long chunk alone
         # on one BLAS thread, slower than two); the rest one by one.
         pairs, singles = pair_chunks(prefill) if self.paired is not None else ([], prefill)
@@ -105,6 +110,32 @@ class ModelRunner:
         spec_logits = self._forward_spec(spec)
         logits = mx.concatenate(rows).astype(mx.float32) if rows else mx.zeros((0, 1))
         return StepLogits(items, logits, spec, spec_logits)
+
+    def _forward_rows(self, scheduled: list[ScheduledRequest]) -> tuple[list[ScheduledRequest], mx.array]:
+        """Decode rows and prefill chunks as rows of one decode-path call: a chunk's tokens are rows of
+        one sequence at consecutive positions. Logits of the rows that sample: a decode row, a chunk's
+        last token."""
+        path = cast(ChunkPath, self.decode)
+        tokens: list[int] = []
+        starts: list[int] = []
+        tables: list[list[int]] = []
+        sampled: list[ScheduledRequest] = []
+        logit_rows: list[int] = []
+        for item in scheduled:
+            end = item.start + item.num_new_tokens
+            ids = item.request.all_token_ids[item.start : end]
+            assert len(ids) == item.num_new_tokens, "a row's input tokens are known: no async steps here"
+            table = item.request.block_ids[: -(-end // self.block_size)]
+            tokens += ids
+            starts += range(item.start, end)
+            tables += [table] * item.num_new_tokens
+            if item.needs_sample:
+                sampled.append(item)
+                logit_rows.append(len(tokens) - 1)
+        if not sampled:  # chunks that do not end their prompt: K/V only, one row's logits discarded
+            logit_rows = [0]
+        logits = path.step(mx.array(tokens, dtype=mx.int32), starts, tables, logit_rows)
+        return sampled, logits if sampled else logits[:0]
 
     def _forward_spec(self, spec: list[ScheduledRequest]) -> list[mx.array]:
         """Logits at every position of each row with drafts: rows of one length run as one forward

@@ -1,7 +1,18 @@
-/* One batched decode forward of a Llama-family model (RMSNorm, RoPE, grouped-query attention,
-   SwiGLU; no biases) on the CPU, reading weights and the paged K/V pools where MLX keeps them.
-   Built at first use by engine/runner/cpu/cpu_decode.py with the model's sizes as macros; the matmuls go to the
-   process's cblas_sgemm (OpenBLAS). Writes only the new tokens' K/V slots and the logits.
+/* One batched forward of a Llama-family model (RMSNorm, RoPE, grouped-query attention, SwiGLU; no
+   biases) on the CPU, reading weights and the paged K/V pools where MLX keeps them. Rows are tokens at
+   their positions: one per decode row, or a prefill chunk's tokens as rows of one sequence at
+   consecutive positions. Built at first use by engine/runner/cpu/cpu_decode.py with the model's sizes as
+   macros and -march=native (this machine's CPU picks the vector code). Writes only the rows' K/V slots
+   and the logits of the rows asked for. With threads > 1 (configure), one helper thread shares the
+   loops (parallel_for), pulling items as it can: the caller never waits for a helper that has not
+   started, so a helper the OS has not scheduled (2 cores shared with the server's other processes)
+   costs nothing but its help.
+
+   Weights are float32 (the matmuls go to the process's cblas_sgemm/sgemv: OpenBLAS), or MLX's affine
+   codes (4 or 8 bits, packed lowest first in uint32 words, a float32 scale and bias per group of 32,
+   64 or 128), which the forward reads as they are: a few rows go through qgemm_direct, which reads each
+   code once for all rows; more rows dequantize tiles of weights for cblas_sgemm (qgemm_tiles). The row
+   count where one gives way to the other is measured at load (configure's direct_rows).
 
    Pools (KVH, NB, BS, HD) per layer: token pos of row b lives at block tables[b][pos / BS],
    slot pos % BS. Row b's new token is at positions[b]; it attends to positions 0..positions[b].
@@ -13,6 +24,13 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define SIMD_AVX2 1
+#endif
 
 /* Set by the build: H hidden, NQ query heads, KVH K/V heads, HD head dim, FF MLP width, BS block
    size, NL layers, VOCAB vocabulary, EPS and ROPE_BASE as float literals; KV_BITS and KV_GROUP for
@@ -26,24 +44,331 @@
 #define GROUPS (HD / KV_GROUP)
 #define ROW (HD * KV_BITS / 32) /* uint32 words of one token's codes */
 #define PARTS 3                 /* codes, scales, biases */
-#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "dequantize reads a word's codes byte by byte, lowest code first: little-endian only"
-#endif
 #else
 #define ROW HD
 #define PARTS 1
 #endif
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "codes are read byte by byte, lowest code first: little-endian only"
+#endif
+#define MAX3(a, b, c) ((a) > (b) ? ((a) > (c) ? (a) : (c)) : ((b) > (c) ? (b) : (c)))
+#define MAX_IN MAX3(H, NQ * HD, FF) /* the widest input of a matmul */
+#define TILE 512                    /* output channels dequantized at once for cblas_sgemm */
+#define MAX_DIRECT 32               /* most rows qgemm_direct takes */
+#define WORKERS 2                   /* the caller and one helper thread (parallel_for) */
 
 enum { CblasRowMajor = 101, CblasNoTrans = 111, CblasTrans = 112 };
 typedef void (*sgemm_t)(int, int, int, int, int, int, float, const float *, int, const float *, int,
                         float, float *, int);
+typedef void (*sgemv_t)(int, int, int, int, float, const float *, int, const float *, int, float, float *,
+                        int);
 
 /* Per layer, in this order. */
 enum { LN1, WQ, WK, WV, WO, LN2, WG, WU, WD, PER_LAYER };
 
-static void linear(sgemm_t sgemm, const float *x, const float *w, float *y, int rows, int out, int in) {
-    /* y = x @ w.T, w (out, in) row-major as nn.Linear keeps it */
-    sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.f, x, in, w, in, 0.f, y, out);
+/* A weight as MLX keeps it: floats (bits 0), or codes with a scale and bias per group. */
+typedef struct {
+    const void *w;
+    const float *s, *b;
+    int bits, group;
+} mat_t;
+
+static sgemm_t g_sgemm;
+static sgemv_t g_sgemv;
+static int g_threads = 1, g_direct_rows = MAX_DIRECT;
+
+/* Called once before any forward: the BLAS entry points (sgemv may be NULL), the threads of the
+   OpenMP loops, and the most rows a quantized matmul reads codes directly for (measured at load). */
+void configure(sgemm_t sgemm, sgemv_t sgemv, int threads, int direct_rows) {
+    g_sgemm = sgemm, g_sgemv = sgemv;
+    g_threads = threads < 1 ? 1 : threads > WORKERS ? WORKERS : threads;
+    g_direct_rows = direct_rows < 0 ? 0 : direct_rows > MAX_DIRECT ? MAX_DIRECT : direct_rows;
+}
+
+/* The work-sharing pool: parallel_for(n, fn, ctx) runs fn(ctx, i, worker) for i < n on the caller
+   (worker 0) and the helper (worker 1), each claiming the next item by counting `left` down. The
+   caller waits only for items already claimed. A job's fields are written while `left` is spent (<= 0),
+   and `left` = n publishes them: a claim that finds an item (left > 0) always belongs to the job whose
+   fields it then reads, however late the claimer is. */
+typedef void (*task_fn)(void *ctx, int i, int worker);
+#if defined(__x86_64__) || defined(__i386__)
+#define cpu_pause() __builtin_ia32_pause()
+#else
+#define cpu_pause() ((void)0)
+#endif
+/* The helper polls PAUSES times, then yields the core YIELDS times (a thread that needs it, OpenBLAS's
+   or the server's, runs), then sleeps: the next loop of a layer starts within microseconds. */
+#define PAUSES 500
+#define YIELDS 2000
+static struct {
+    pthread_t thread;
+    int started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    atomic_int generation, sleeping, left, done;
+    task_fn fn;
+    void *ctx;
+} pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static void run_items(int worker) {
+    for (;;) {
+        int i = atomic_fetch_sub(&pool.left, 1) - 1;
+        if (i < 0) return;
+        pool.fn(pool.ctx, i, worker);
+        atomic_fetch_add(&pool.done, 1);
+    }
+}
+
+static void *helper_main(void *unused) {
+    (void)unused;
+    int seen = atomic_load(&pool.generation);
+    for (;;) {
+        for (int spin = 0; spin < PAUSES + YIELDS && atomic_load(&pool.generation) == seen; spin++)
+            spin < PAUSES ? cpu_pause() : (void)sched_yield();
+        if (atomic_load(&pool.generation) == seen) {
+            pthread_mutex_lock(&pool.mu);
+            atomic_store(&pool.sleeping, 1);
+            while (atomic_load(&pool.generation) == seen) pthread_cond_wait(&pool.cv, &pool.mu);
+            atomic_store(&pool.sleeping, 0);
+            pthread_mutex_unlock(&pool.mu);
+        }
+        seen = atomic_load(&pool.generation);
+        run_items(1);
+    }
+    return NULL;
+}
+
+static void parallel_for(int n, task_fn fn, void *ctx) {
+    if (g_threads < 2 || n < 2) {
+        for (int i = 0; i < n; i++) fn(ctx, i, 0);
+        return;
+    }
+    if (!pool.started) pool.started = pthread_create(&pool.thread, NULL, helper_main, NULL) == 0;
+    pool.fn = fn, pool.ctx = ctx; /* `left` is spent: the last job's items are all done */
+    atomic_store(&pool.done, 0);
+    atomic_store(&pool.left, n);
+    atomic_fetch_add(&pool.generation, 1);
+    if (atomic_load(&pool.sleeping)) {
+        pthread_mutex_lock(&pool.mu);
+        pthread_cond_signal(&pool.cv);
+        pthread_mutex_unlock(&pool.mu);
+    }
+    run_items(0);
+    for (int spin = 0; atomic_load(&pool.done) < n; spin++)
+        if (spin > 1000) sched_yield(); /* the helper holds an item but not the core */
+}
+
+/* 32 consecutive weights of a quantized row, from code `at`, as floats (codes, not yet scaled). */
+static inline void unpack32(const uint8_t *row, int bits, int at, float *w) {
+    const uint8_t *c = row + (size_t)at * bits / 8;
+    if (bits == 8)
+        for (int j = 0; j < 32; j++) w[j] = (float)c[j];
+    else
+        for (int j = 0; j < 16; j++) w[2 * j] = (float)(c[j] & 15), w[2 * j + 1] = (float)(c[j] >> 4);
+}
+
+/* Row `o` of a weight as floats: a quantized one dequantized as mx.dequantize does (code * scale + bias). */
+static void weight_row(mat_t m, int o, int in, float *out);
+
+#ifdef SIMD_AVX2
+static inline __m256 widen8(__m128i bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)); }
+
+/* unpack32 into four vectors of eight. */
+static inline void unpack32_avx2(const uint8_t *row, int bits, int at, __m256 f[4]) {
+    const uint8_t *c = row + (size_t)at * bits / 8;
+    if (bits == 8) {
+        for (int k = 0; k < 4; k++) f[k] = widen8(_mm_loadl_epi64((const __m128i *)(c + 8 * k)));
+        return;
+    }
+    const __m128i v = _mm_loadu_si128((const __m128i *)c), low = _mm_set1_epi8(15);
+    const __m128i lo = _mm_and_si128(v, low), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low);
+    const __m128i first = _mm_unpacklo_epi8(lo, hi), second = _mm_unpackhi_epi8(lo, hi);
+    f[0] = widen8(first), f[1] = widen8(_mm_srli_si128(first, 8));
+    f[2] = widen8(second), f[3] = widen8(_mm_srli_si128(second, 8));
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+#endif
+
+static void weight_row(mat_t m, int o, int in, float *out) {
+    if (m.bits == 0) {
+        memcpy(out, (const float *)m.w + (size_t)o * in, sizeof(float) * in);
+        return;
+    }
+    const uint8_t *row = (const uint8_t *)m.w + (size_t)o * in * m.bits / 8;
+    const int groups = in / m.group;
+    for (int g = 0; g < groups; g++) {
+        float s = m.s[(size_t)o * groups + g], b = m.b[(size_t)o * groups + g];
+        for (int at = g * m.group; at < (g + 1) * m.group; at += 32) {
+#ifdef SIMD_AVX2
+            __m256 f[4];
+            const __m256 vs = _mm256_set1_ps(s), vb = _mm256_set1_ps(b);
+            unpack32_avx2(row, m.bits, at, f);
+            for (int k = 0; k < 4; k++) _mm256_storeu_ps(out + at + 8 * k, _mm256_fmadd_ps(f[k], vs, vb));
+#else
+            unpack32(row, m.bits, at, out + at);
+            for (int j = 0; j < 32; j++) out[at + j] = out[at + j] * s + b;
+#endif
+        }
+    }
+}
+
+#ifdef SIMD_AVX2
+/* One output channel for R rows: sum over groups of x . (code * scale) + bias * sum(x), with two
+   accumulators per row (independent FMA chains) kept in registers. */
+#define DEFINE_QROWS(R)                                                                                     \
+    static void qrows_##R(const uint8_t *row, const float *sc, const float *bi, mat_t m, int in,           \
+                          const float *x, const float *xsum, float *y, int out) {                          \
+        const int groups = in / m.group;                                                                  \
+        __m256 acc[R][2], f[4];                                                                            \
+        float shift[R];                                                                                    \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps(),    \
+                                                           shift[r] = 0.f;                                 \
+        for (int g = 0; g < groups; g++) {                                                                \
+            const __m256 s = _mm256_set1_ps(sc[g]);                                                        \
+            for (int at = g * m.group; at < (g + 1) * m.group; at += 32) {                                \
+                unpack32_avx2(row, m.bits, at, f);                                                         \
+                _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) f[k] = _mm256_mul_ps(f[k], s);         \
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                      \
+                    const float *xr = x + (size_t)r * in + at;                                             \
+                    acc[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xr), f[0], acc[r][0]);                     \
+                    acc[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 8), f[1], acc[r][1]);                 \
+                    acc[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 16), f[2], acc[r][0]);                \
+                    acc[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 24), f[3], acc[r][1]);                \
+                }                                                                                          \
+            }                                                                                              \
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) shift[r] += bi[g] * xsum[(size_t)r * groups + g]; \
+        }                                                                                                  \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) y[(size_t)r * out] =                           \
+            hsum8(_mm256_add_ps(acc[r][0], acc[r][1])) + shift[r];                                         \
+    }
+DEFINE_QROWS(1)
+DEFINE_QROWS(2)
+DEFINE_QROWS(3)
+DEFINE_QROWS(4)
+#endif
+
+/* y = x @ dequantize(m).T for few rows: each output channel's codes are read once per four rows.
+   sum(x * (code * s + b)) over a group is sum(x * code * s) + b * sum(x): xsum holds each row's group
+   sums of x (rows, in / group). */
+typedef struct {
+    const float *x, *xsum;
+    mat_t m;
+    float *y;
+    int rows, out, in;
+} direct_job_t;
+
+#define CHANNELS 16 /* output channels per item of a direct matmul */
+
+static void direct_item(void *ctx, int item, int worker) {
+    (void)worker;
+    const direct_job_t *job = ctx;
+    const float *x = job->x, *xsum = job->xsum;
+    const mat_t m = job->m;
+    float *y = job->y;
+    const int rows = job->rows, out = job->out, in = job->in;
+    const int groups = in / m.group;
+    const size_t row_bytes = (size_t)in * m.bits / 8;
+    const int last = (item + 1) * CHANNELS < out ? (item + 1) * CHANNELS : out;
+    for (int o = item * CHANNELS; o < last; o++) {
+        const uint8_t *row = (const uint8_t *)m.w + o * row_bytes;
+        const float *sc = m.s + (size_t)o * groups, *bi = m.b + (size_t)o * groups;
+#ifdef SIMD_AVX2
+        for (int r0 = 0; r0 < rows; r0 += 4) {
+            const float *xr = x + (size_t)r0 * in, *xs = xsum + (size_t)r0 * groups;
+            float *yr = y + (size_t)r0 * out + o;
+            switch (rows - r0 < 4 ? rows - r0 : 4) {
+            case 1: qrows_1(row, sc, bi, m, in, xr, xs, yr, out); break;
+            case 2: qrows_2(row, sc, bi, m, in, xr, xs, yr, out); break;
+            case 3: qrows_3(row, sc, bi, m, in, xr, xs, yr, out); break;
+            default: qrows_4(row, sc, bi, m, in, xr, xs, yr, out);
+            }
+        }
+#else
+        float acc[MAX_DIRECT] = {0}, shift[MAX_DIRECT] = {0}, w[32];
+        for (int g = 0; g < groups; g++) {
+            for (int at = g * m.group; at < (g + 1) * m.group; at += 32) {
+                unpack32(row, m.bits, at, w);
+                for (int j = 0; j < 32; j++) w[j] *= sc[g];
+                for (int r = 0; r < rows; r++) {
+                    const float *xr = x + (size_t)r * in + at;
+                    float p = 0.f;
+                    for (int j = 0; j < 32; j++) p += xr[j] * w[j];
+                    acc[r] += p;
+                }
+            }
+            for (int r = 0; r < rows; r++) shift[r] += bi[g] * xsum[(size_t)r * groups + g];
+        }
+        for (int r = 0; r < rows; r++) y[(size_t)r * out + o] = acc[r] + shift[r];
+#endif
+    }
+}
+
+static void qgemm_direct(const float *x, const float *xsum, mat_t m, float *y, int rows, int out, int in) {
+    direct_job_t job = {x, xsum, m, y, rows, out, in};
+    parallel_for((out + CHANNELS - 1) / CHANNELS, direct_item, &job);
+}
+
+/* y = x @ dequantize(m).T for many rows: TILE channels at a time dequantized into `tile` (on this thread:
+   OpenBLAS's threads run the sgemm right after, and a helper spinning beside them slowed it 2x), then
+   sgemm. */
+static void qgemm_tiles(const float *x, mat_t m, float *y, int rows, int out, int in, float *tile) {
+    for (int o0 = 0; o0 < out; o0 += TILE) {
+        int n = out - o0 < TILE ? out - o0 : TILE;
+        for (int o = 0; o < n; o++) weight_row(m, o0 + o, in, tile + (size_t)o * in);
+        g_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, n, in, 1.f, x, in, tile, in, 0.f, y + o0, out);
+    }
+}
+
+/* Scratch of one matmul: the tile of dequantized weights and the rows' group sums. */
+typedef struct {
+    float *tile, *xsum;
+} mm_scratch_t;
+
+/* y = x @ w.T, w (out, in) as nn.Linear keeps it (or its quantized form) */
+static void linear(mat_t w, const float *x, float *y, int rows, int out, int in, mm_scratch_t sc) {
+    if (w.bits == 0) {
+        if (rows == 1 && g_sgemv)
+            g_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.f, (const float *)w.w, in, x, 1, 0.f, y, 1);
+        else
+            g_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.f, x, in, (const float *)w.w,
+                    in, 0.f, y, out);
+        return;
+    }
+    if (rows > g_direct_rows) {
+        qgemm_tiles(x, w, y, rows, out, in, sc.tile);
+        return;
+    }
+    const int groups = in / w.group;
+    for (int r = 0; r < rows; r++)
+        for (int g = 0; g < groups; g++) {
+            const float *xr = x + (size_t)r * in + (size_t)g * w.group;
+            float sum = 0.f;
+            for (int j = 0; j < w.group; j++) sum += xr[j];
+            sc.xsum[(size_t)r * groups + g] = sum;
+        }
+    qgemm_direct(x, sc.xsum, w, y, rows, out, in);
+}
+
+/* Rows x of every `in` weights times one weight, for the load-time measurement of direct_rows:
+   mode 0 reads codes directly, mode 1 dequantizes tiles for sgemm. Returns -1 without memory. */
+int matmul(const void *const *weight, const int32_t *format, const float *x, float *y, int rows, int out,
+           int in, int mode) {
+    if (mode == 0 && rows > MAX_DIRECT) return -1;
+    mat_t w = {weight[0], weight[1], weight[2], format[0], format[1]};
+    float *tile = malloc(sizeof(float) * ((size_t)TILE * in + (size_t)MAX_DIRECT * in / 32));
+    if (!tile) return -1;
+    mm_scratch_t sc = {tile, tile + (size_t)TILE * in};
+    int keep = g_direct_rows;
+    g_direct_rows = mode == 0 ? MAX_DIRECT : 0;
+    linear(w, x, y, rows, out, in, sc);
+    g_direct_rows = keep;
+    free(tile);
+    return 0;
 }
 
 static void rms_norm(const float *x, const float *w, float *y, int rows) {
@@ -215,57 +540,109 @@ static side_t head_side(void *const *pools, int layer, int which, int hh, int po
     return side;
 }
 
-/* weights: embed (VOCAB, H), final norm (H), lm head (VOCAB, H), then PER_LAYER per layer.
-   pools: per layer K then V, each PARTS pointers (data; and scales, biases where quantized), each array
-   (KVH, pool_blocks, BS, width). Returns 0, or -1 when scratch memory could not be had. */
-int decode_forward(sgemm_t sgemm, const float *const *weights, void *const *pools, int pool_blocks,
+/* Weight `i` of the forward's list: three pointers (data; scales and biases, or NULL) and two formats
+   (bits, group) each. */
+static mat_t weight_at(const void *const *weights, const int32_t *formats, size_t i) {
+    mat_t m = {weights[3 * i], weights[3 * i + 1], weights[3 * i + 2], formats[2 * i], formats[2 * i + 1]};
+    return m;
+}
+
+/* One layer's rows between the q/k/v products and o_proj, as items of parallel_for. */
+typedef struct {
+    void *const *pools;
+    int pool_blocks, layer, max_blocks;
+    const int32_t *positions, *tables;
+    float *q, *k, *v, *att, *blocks;
+} layer_job_t;
+
+/* Row b: RoPE on its q and k, its K/V written to its slot (rows write distinct slots). */
+static void write_item(void *ctx, int b, int worker) {
+    (void)worker;
+    const layer_job_t *job = ctx;
+    const int32_t *table = job->tables + (size_t)b * job->max_blocks;
+    int pos = job->positions[b];
+    rope(job->q + (size_t)b * NQ * HD, NQ, pos);
+    rope(job->k + (size_t)b * KVH * HD, KVH, pos);
+    size_t slot = (size_t)table[pos / BS] * BS + pos % BS;
+    for (int hh = 0; hh < KVH; hh++) {
+        size_t kv = ((size_t)b * KVH + hh) * HD;
+        write_slot(head_side(job->pools, job->layer, 0, hh, job->pool_blocks), slot, job->k + kv);
+        write_slot(head_side(job->pools, job->layer, 1, hh, job->pool_blocks), slot, job->v + kv);
+    }
+}
+
+/* Row b, K/V head hh: its REP query heads attend; `worker` picks the scratch for dequantized blocks. */
+static void attend_item(void *ctx, int item, int worker) {
+    const layer_job_t *job = ctx;
+    int b = item / KVH, hh = item % KVH;
+    attend(job->q + ((size_t)b * NQ + hh * REP) * HD, head_side(job->pools, job->layer, 0, hh, job->pool_blocks),
+           head_side(job->pools, job->layer, 1, hh, job->pool_blocks), job->tables + (size_t)b * job->max_blocks,
+           job->positions[b] + 1, job->att + ((size_t)b * NQ + hh * REP) * HD, 1.f / sqrtf((float)HD),
+           job->blocks + (size_t)worker * 2 * BS * HD);
+}
+
+typedef struct {
+    float *g;
+    const float *u;
+    size_t n;
+} swiglu_job_t;
+
+#define SWIGLU_ITEM 4096
+
+static void swiglu_item(void *ctx, int item, int worker) {
+    (void)worker;
+    const swiglu_job_t *job = ctx;
+    size_t end = (size_t)(item + 1) * SWIGLU_ITEM < job->n ? (size_t)(item + 1) * SWIGLU_ITEM : job->n;
+    for (size_t i = (size_t)item * SWIGLU_ITEM; i < end; i++)
+        job->g[i] = job->g[i] / (1.f + expf(-job->g[i])) * job->u[i];
+}
+
+/* weights: embed (VOCAB, H), final norm (H), lm head (VOCAB, H), then PER_LAYER per layer, each as
+   weight_at reads it. pools: per layer K then V, each PARTS pointers (data; and scales, biases where
+   quantized), each array (KVH, pool_blocks, BS, width). logits: (n_logits, VOCAB), for the rows
+   logit_rows names. Returns 0, or -1 when scratch memory could not be had. */
+int decode_forward(const void *const *weights, const int32_t *formats, void *const *pools, int pool_blocks,
                    int rows, const int32_t *tokens, const int32_t *positions, const int32_t *tables,
-                   int max_blocks, float *logits) {
-    const float *embed = weights[0], *final_norm = weights[1], *head = weights[2];
+                   int max_blocks, int n_logits, const int32_t *logit_rows, float *logits) {
+    const mat_t embed = weight_at(weights, formats, 0), head = weight_at(weights, formats, 2);
+    const float *final_norm = weights[3];
     size_t per_row = 2 * H + 2 * (size_t)NQ * HD + 2 * (size_t)KVH * HD + 2 * (size_t)FF;
-    float *buf = malloc(sizeof(float) * (per_row * rows + 2 * (size_t)BS * HD));
+    size_t direct = (size_t)(rows < MAX_DIRECT ? rows : MAX_DIRECT) * MAX_IN / 32;
+    size_t extra = (size_t)WORKERS * 2 * BS * HD + (size_t)TILE * MAX_IN + direct;
+    float *buf = malloc(sizeof(float) * (per_row * rows + extra));
     if (!buf) return -1;
     float *x = buf, *h = x + (size_t)rows * H, *q = h + (size_t)rows * H, *att = q + (size_t)rows * NQ * HD;
     float *k = att + (size_t)rows * NQ * HD, *v = k + (size_t)rows * KVH * HD;
     float *g = v + (size_t)rows * KVH * HD, *u = g + (size_t)rows * FF, *blocks = u + (size_t)rows * FF;
-    const float scale = 1.f / sqrtf((float)HD);
-    for (int b = 0; b < rows; b++) memcpy(x + (size_t)b * H, embed + (size_t)tokens[b] * H, H * 4);
+    mm_scratch_t sc = {blocks + (size_t)WORKERS * 2 * BS * HD, NULL};
+    sc.xsum = sc.tile + (size_t)TILE * MAX_IN;
+    for (int b = 0; b < rows; b++) weight_row(embed, tokens[b], H, x + (size_t)b * H);
     for (int layer = 0; layer < NL; layer++) {
-        const float *const *w = weights + 3 + (size_t)layer * PER_LAYER;
-        rms_norm(x, w[LN1], h, rows);
-        linear(sgemm, h, w[WQ], q, rows, NQ * HD, H);
-        linear(sgemm, h, w[WK], k, rows, KVH * HD, H);
-        linear(sgemm, h, w[WV], v, rows, KVH * HD, H);
+        size_t at = 3 + (size_t)layer * PER_LAYER;
+        const float *ln1 = weights[3 * (at + LN1)], *ln2 = weights[3 * (at + LN2)];
+        rms_norm(x, ln1, h, rows);
+        linear(weight_at(weights, formats, at + WQ), h, q, rows, NQ * HD, H, sc);
+        linear(weight_at(weights, formats, at + WK), h, k, rows, KVH * HD, H, sc);
+        linear(weight_at(weights, formats, at + WV), h, v, rows, KVH * HD, H, sc);
         /* Every row's K/V is written before any row attends: rows of one sequence at consecutive
-           positions (drafts to verify) read each other's. */
-        for (int b = 0; b < rows; b++) {
-            const int32_t *table = tables + (size_t)b * max_blocks;
-            int pos = positions[b];
-            rope(q + (size_t)b * NQ * HD, NQ, pos);
-            rope(k + (size_t)b * KVH * HD, KVH, pos);
-            size_t slot = (size_t)table[pos / BS] * BS + pos % BS;
-            for (int hh = 0; hh < KVH; hh++) {
-                size_t at = ((size_t)b * KVH + hh) * HD;
-                write_slot(head_side(pools, layer, 0, hh, pool_blocks), slot, k + at);
-                write_slot(head_side(pools, layer, 1, hh, pool_blocks), slot, v + at);
-            }
-        }
-        for (int b = 0; b < rows; b++)
-            for (int hh = 0; hh < KVH; hh++)
-                attend(q + ((size_t)b * NQ + hh * REP) * HD, head_side(pools, layer, 0, hh, pool_blocks),
-                       head_side(pools, layer, 1, hh, pool_blocks), tables + (size_t)b * max_blocks,
-                       positions[b] + 1, att + ((size_t)b * NQ + hh * REP) * HD, scale, blocks);
-        linear(sgemm, att, w[WO], h, rows, H, NQ * HD);
+           positions (a prefill chunk, drafts to verify) read each other's. */
+        layer_job_t job = {pools, pool_blocks, layer, max_blocks, positions, tables, q, k, v, att, blocks};
+        parallel_for(rows, write_item, &job);
+        parallel_for(rows * KVH, attend_item, &job);
+        linear(weight_at(weights, formats, at + WO), att, h, rows, H, NQ * HD, sc);
         for (size_t i = 0; i < (size_t)rows * H; i++) x[i] += h[i];
-        rms_norm(x, w[LN2], h, rows);
-        linear(sgemm, h, w[WG], g, rows, FF, H);
-        linear(sgemm, h, w[WU], u, rows, FF, H);
-        for (size_t i = 0; i < (size_t)rows * FF; i++) g[i] = g[i] / (1.f + expf(-g[i])) * u[i];
-        linear(sgemm, g, w[WD], h, rows, H, FF);
+        rms_norm(x, ln2, h, rows);
+        linear(weight_at(weights, formats, at + WG), h, g, rows, FF, H, sc);
+        linear(weight_at(weights, formats, at + WU), h, u, rows, FF, H, sc);
+        swiglu_job_t swiglu = {g, u, (size_t)rows * FF};
+        parallel_for((int)((swiglu.n + SWIGLU_ITEM - 1) / SWIGLU_ITEM), swiglu_item, &swiglu);
+        linear(weight_at(weights, formats, at + WD), g, h, rows, H, FF, sc);
         for (size_t i = 0; i < (size_t)rows * H; i++) x[i] += h[i];
     }
-    rms_norm(x, final_norm, h, rows);
-    linear(sgemm, h, head, logits, rows, VOCAB, H);
+    /* g and u, (2 * rows * FF) floats, are free now */
+    for (int i = 0; i < n_logits; i++) memcpy(g + (size_t)i * H, x + (size_t)logit_rows[i] * H, H * 4);
+    rms_norm(g, final_norm, h, n_logits);
+    linear(head, h, logits, n_logits, VOCAB, H, sc);
     free(buf);
     return 0;
 }

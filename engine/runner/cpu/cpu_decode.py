@@ -23,10 +23,12 @@ import os
 import platform
 import shutil
 import subprocess
+import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
-from engine.platform.blas import blas_state
+from engine.platform.blas import blas_state, default_blas_threads
 from engine.platform.paths import cache_dir
 from engine.runner.cpu.cpu_decode_probe import probe_refusal
 from engine.runner.fast_path import Target, cache_refusal, quantized_kv_refusal
@@ -41,27 +43,114 @@ logger = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("cpu_decode.c")
 _ENV_CC = "CC"
+# The CPU the kernel is built for: this one by default; e.g. x86-64 (SSE2 only) builds the portable loops
+# that a machine without AVX2 runs, which is how the tests check them on any machine.
+_ENV_MARCH = "MLX_RAY_SERVE_KERNEL_MARCH"
 _KERNEL_BITS = (8, 4)  # the quantized pools the kernel reads and writes
+_WEIGHT_BITS = (8, 4)  # the quantized weights it reads (MLX's affine mode)
+_WEIGHT_GROUPS = (32, 64, 128)
+MAX_DIRECT = 32  # cpu_decode.c's MAX_DIRECT: the most rows one direct quantized matmul takes
+
+
+@dataclass(frozen=True)
+class Blas:
+    """The BLAS entry points the kernel calls, and the threads of its own loops."""
+
+    sgemm: int
+    sgemv: int | None
+    threads: int
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """One weight as the kernel reads it: float32 data (bits 0), or MLX's affine codes (uint32 words)
+    with float32 scales and biases per `group` weights."""
+
+    arrays: tuple[np.ndarray, ...]
+    bits: int = 0
+    group: int = 0
+
+    @property
+    def pointers(self) -> tuple[int | None, ...]:
+        return tuple(a.ctypes.data for a in self.arrays) + (None,) * (3 - len(self.arrays))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(out, in) in weights."""
+        rows, cols = self.arrays[0].shape
+        return rows, cols * 32 // self.bits if self.bits else cols
 
 
 class CpuDecode:
-    """Calls the built kernel for one decode step: (rows,) tokens at (rows,) positions -> (rows, vocab)."""
+    """Calls the built kernel for one step: (rows,) tokens at (rows,) positions -> logits of the rows asked
+    for. Weights in float32 or MLX's affine 4/8-bit codes (`Matrix`)."""
 
     # Every row's K/V is written before any row attends, layer by layer: rows of one sequence at
-    # consecutive positions (a row's drafts to verify, engine/spec_decode/) run as one call.
+    # consecutive positions (a row's drafts to verify, a prefill chunk) run as one call.
     rows_share_sequences = True
 
-    def __init__(self, lib: ctypes.CDLL, sgemm: int, weights: list[mx.array], vocab: int, storage: KVStorage):
+    def __init__(self, lib: ctypes.CDLL, blas: Blas, weights: list[Matrix], vocab: int, storage: KVStorage):
         self._storage = storage
         self._lib = lib
         self._fn = lib.decode_forward
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 3
-        self._fn.argtypes += [ctypes.c_int, ctypes.c_void_p]
-        self._sgemm = sgemm
-        self._views = [_view(w) for w in weights]  # keeps the buffers' addresses valid while we live
-        self._weights = (ctypes.c_void_p * len(self._views))(*(v.ctypes.data for v in self._views))
+        self._fn.argtypes += [ctypes.c_int] * 2 + [ctypes.c_void_p] * 2
+        self._keep = [
+            a for m in weights for a in m.arrays
+        ]  # keeps the buffers' addresses valid while we live
+        self._weights = (ctypes.c_void_p * (3 * len(weights)))(*(p for m in weights for p in m.pointers))
+        self._formats = np.array([(m.bits, m.group) for m in weights], dtype=np.int32)
+        self._matrices = weights
         self.vocab = vocab
+        # Quantized weights: MLX's CPU quantized matmul is 20-40x slower than float32 from 16 rows up, so
+        # prefill chunks run here too (engine/runner/model_runner.py), as rows of one sequence.
+        self.serves_chunks = any(m.bits for m in weights)
+        self.direct_rows = MAX_DIRECT
+        self.blas = blas
+        lib.configure.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+        if self.serves_chunks:
+            self._configure()
+            self.direct_rows = self._measure_direct_rows()
+
+    def _configure(self) -> None:
+        """The library's settings are per process, and two models of one shape share one library: each
+        call sets this instance's."""
+        blas = self.blas
+        self._lib.configure(blas.sgemm, blas.sgemv, blas.threads, self.direct_rows)
+
+    def _measure_direct_rows(self) -> int:
+        """The most rows for which reading codes directly beats dequantizing tiles for sgemm, timed on
+        the widest quantized projection of layer 0 (min of a few runs each): where that crosses
+        depends on the CPU's vector width, its cores and the BLAS."""
+        lib = self._lib
+        lib.matmul.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+        lib.matmul.restype = ctypes.c_int
+        index = max(
+            (i for i, m in enumerate(self._matrices) if m.bits and 3 <= i),
+            key=lambda i: self._matrices[i].shape[0] * self._matrices[i].shape[1],
+        )
+        matrix = self._matrices[index]
+        out, width = matrix.shape
+        pointers = (ctypes.c_void_p * 3)(*matrix.pointers)
+        fmt = np.array([matrix.bits, matrix.group], dtype=np.int32)
+        best = 0
+        for rows in (1, 2, 4, 8, 16, MAX_DIRECT):
+            x = np.random.default_rng(rows).standard_normal((rows, width)).astype(np.float32)
+            y = np.empty((rows, out), np.float32)
+            times: list[list[float]] = [[], []]
+            for _ in range(5):  # the two modes alternate: a busy moment slows both alike
+                for mode in (0, 1):
+                    start = time.perf_counter()
+                    lib.matmul(
+                        pointers, fmt.ctypes.data, x.ctypes.data, y.ctypes.data, rows, out, width, mode
+                    )
+                    times[mode].append(time.perf_counter() - start)
+            if min(times[0]) > min(times[1]):
+                break
+            best = rows
+        logger.info("C forward: quantized matmuls read codes directly up to %d rows", best)
+        return best
 
     def __call__(
         self,
@@ -70,23 +159,35 @@ class CpuDecode:
         tables: np.ndarray,
         pools: list[np.ndarray],
         pool_blocks: int,
+        logit_rows: np.ndarray | None = None,
     ) -> np.ndarray:
         """tokens, positions (rows,) int32; tables (rows, max_blocks) int32; `pools` as `pool_arrays`
-        orders them, each a view of (kv_heads, pool_blocks, block_size, width). Runs synchronously."""
+        orders them, each a view of (kv_heads, pool_blocks, block_size, width). Logits of `logit_rows`
+        (int32 row indices; default: every row), in that order. Runs synchronously."""
         rows, max_blocks = tables.shape
-        logits = np.empty((rows, self.vocab), dtype=np.float32)
+        if logit_rows is None:
+            logit_rows = np.arange(rows, dtype=np.int32)
+        logits = np.empty((len(logit_rows), self.vocab), dtype=np.float32)
         pointers = (ctypes.c_void_p * len(pools))(*(p.ctypes.data for p in pools))
+        self._configure()
         status = self._fn(
-            self._sgemm, self._weights, pointers, pool_blocks, rows,
-            tokens.ctypes.data, positions.ctypes.data, tables.ctypes.data, max_blocks, logits.ctypes.data,
+            self._weights, self._formats.ctypes.data, pointers, pool_blocks, rows,
+            tokens.ctypes.data, positions.ctypes.data, tables.ctypes.data, max_blocks,
+            len(logit_rows), logit_rows.ctypes.data, logits.ctypes.data,
         )  # fmt: skip
         if status != 0:
             raise MemoryError("the C decode forward could not allocate its scratch memory")
         return logits
 
-    def step(self, tokens: mx.array, starts: list[int], tables: list[list[int]]) -> mx.array:
-        """One decode step over the engine's pools (engine/runner/fast_path.py's DecodePath); waits for
-        MLX's pending writes to them first. The tokens are known ones: async scheduling is off on the CPU."""
+    def step(
+        self,
+        tokens: mx.array,
+        starts: list[int],
+        tables: list[list[int]],
+        logit_rows: list[int] | None = None,
+    ) -> mx.array:
+        """One step over the engine's pools (engine/runner/fast_path.py's DecodePath); waits for MLX's
+        pending writes to them first. The tokens are known ones: async scheduling is off on the CPU."""
         storage = self._storage
         mx.eval(storage.arrays())
         width = max(len(t) for t in tables)
@@ -94,7 +195,7 @@ class CpuDecode:
         pools = [_view(a) for a in self.pool_arrays(storage)]
         logits = self(
             np.array(tokens.tolist(), dtype=np.int32), np.array(starts, dtype=np.int32), table, pools,
-            storage.keys[0].shape[1],
+            storage.keys[0].shape[1], None if logit_rows is None else np.array(logit_rows, dtype=np.int32),
         )  # fmt: skip
         return mx.array(logits)
 
@@ -148,21 +249,20 @@ class CForwardDecode:
         if library is None:
             return None, "the kernel did not build (no C compiler, or see the log)"
         backbone = model.model
-        head = model.lm_head.weight if "lm_head" in model else backbone.embed_tokens.weight
-        weights = [backbone.embed_tokens.weight, backbone.norm.weight, head]
+        head = model.lm_head if "lm_head" in model else backbone.embed_tokens
+        modules = [backbone.embed_tokens, backbone.norm, head]
         for layer in backbone.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            weights += [
-                layer.input_layernorm.weight,
-                attn.q_proj.weight,
-                attn.k_proj.weight,
-                attn.v_proj.weight,
-            ]
-            weights += [attn.o_proj.weight, layer.post_attention_layernorm.weight]
-            weights += [mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight]
-        sgemm = ctypes.cast(ctypes.CDLL(str(blas_state().path)).cblas_sgemm, ctypes.c_void_p).value
-        assert sgemm is not None, "the loaded BLAS exports cblas_sgemm"
-        decode = CpuDecode(ctypes.CDLL(str(library)), sgemm, weights, int(sizes["VOCAB"]), storage)
+            modules += [layer.input_layernorm, attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj]
+            modules += [layer.post_attention_layernorm, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+        weights = [_matrix(m) for m in modules]
+        decode = CpuDecode(
+            ctypes.CDLL(str(library)),
+            _blas(any(m.bits for m in weights)),
+            weights,
+            int(sizes["VOCAB"]),
+            storage,
+        )
         refusal = probe_refusal(decode, model, storage)
         return (None, refusal) if refusal else (decode, None)
 
@@ -178,11 +278,18 @@ def _llama_refusal(model: nn.Module, storage: KVStorage) -> str | None:
     if any(getattr(args, name, False) for name in ("attention_bias", "mlp_bias")):
         return "the model has attention or MLP biases"
     linears = [m for layer in layers for m in (*_projections(layer),)]
-    if not all(type(m) is nn.Linear and "bias" not in m for m in linears):
-        return "a projection is not a plain nn.Linear (quantized, or with a bias)"
-    arrays = [m.weight for m in linears] + [backbone.embed_tokens.weight, backbone.norm.weight]
-    if type(backbone.embed_tokens) is not nn.Embedding or any(a.dtype != mx.float32 for a in arrays):
-        return "the embedding is not a plain float32 nn.Embedding"
+    if "lm_head" in model:
+        linears.append(model.lm_head)
+    if not all(type(m) in (nn.Linear, nn.QuantizedLinear) and "bias" not in m for m in linears):
+        return "a projection is not a plain or quantized nn.Linear without a bias"
+    embedding = backbone.embed_tokens
+    if type(embedding) not in (nn.Embedding, nn.QuantizedEmbedding):
+        return "the embedding is not an nn.Embedding"
+    if unread := next((m for m in [*linears, embedding] if _quantized_refusal(m)), None):
+        return _quantized_refusal(unread)
+    floats = [m.weight for m in [*linears, embedding] if not isinstance(m, _QUANTIZED)]
+    if any(a.dtype != mx.float32 for a in [*floats, backbone.norm.weight]):
+        return "a weight is not float32"
     attn = layers[0].self_attn
     rope = attn.rope
     if type(rope) is not nn.RoPE or rope.traditional or rope.scale != 1.0 or rope.dims != attn.head_dim:
@@ -190,6 +297,43 @@ def _llama_refusal(model: nn.Module, storage: KVStorage) -> str | None:
     if attn.n_heads % attn.n_kv_heads or any(s != storage.shapes[0] for s in storage.shapes):
         return "layers differ in shape"
     return None
+
+
+_QUANTIZED = (nn.QuantizedLinear, nn.QuantizedEmbedding)
+
+
+def _quantized_refusal(module: nn.Module) -> str | None:
+    """Why the kernel cannot read a quantized layer's codes, or None (float layers too)."""
+    if not isinstance(module, _QUANTIZED):
+        return None
+    mode = getattr(module, "mode", "affine")
+    if mode != "affine" or module.bits not in _WEIGHT_BITS or module.group_size not in _WEIGHT_GROUPS:
+        return (
+            f"{mode} {module.bits}-bit weights in groups of {module.group_size}: the kernel reads "
+            f"affine {'/'.join(map(str, _WEIGHT_BITS))}-bit groups of {'/'.join(map(str, _WEIGHT_GROUPS))}"
+        )
+    return None
+
+
+def _matrix(module: nn.Module) -> Matrix:
+    """A layer's weight as the kernel reads it; quantized scales and biases become float32 copies
+    where the model keeps them in another dtype (they are 1/group of the weights)."""
+    if not isinstance(module, _QUANTIZED):
+        return Matrix((_view(module.weight),))
+    parts = (module.weight, module.scales.astype(mx.float32), module.biases.astype(mx.float32))
+    return Matrix(tuple(_view(a) for a in parts), module.bits, module.group_size)
+
+
+def _blas(quantized: bool) -> Blas:
+    """The loaded BLAS's sgemm and sgemv. The kernel's own loops take as many threads as OpenBLAS has
+    where the weights are quantized (the matmuls are then the kernel's); one where they are float32,
+    where OpenBLAS's threads do the matmuls and would otherwise share the cores with idle OpenMP ones."""
+    lib = ctypes.CDLL(str(blas_state().path))
+    sgemm = ctypes.cast(lib.cblas_sgemm, ctypes.c_void_p).value
+    assert sgemm is not None, "the loaded BLAS exports cblas_sgemm"
+    sgemv = ctypes.cast(lib.cblas_sgemv, ctypes.c_void_p).value if hasattr(lib, "cblas_sgemv") else None
+    threads = int(os.environ.get("OPENBLAS_NUM_THREADS") or default_blas_threads()) if quantized else 1
+    return Blas(sgemm, sgemv, threads)
 
 
 def _llama_sizes(model: nn.Module, storage: KVStorage) -> dict[str, int | str]:
@@ -201,7 +345,7 @@ def _llama_sizes(model: nn.Module, storage: KVStorage) -> dict[str, int | str]:
     sizes: dict[str, int | str] = {
         "H": args.hidden_size, "NQ": attn.n_heads, "KVH": attn.n_kv_heads, "HD": attn.head_dim,
         "FF": args.intermediate_size, "BS": storage.block_size, "NL": len(layers),
-        "VOCAB": backbone.embed_tokens.weight.shape[0],
+        "VOCAB": backbone.embed_tokens.weight.shape[0],  # codes or floats: one row per token either way
         "EPS": f"{float(layers[0].input_layernorm.eps)!r}f", "ROPE_BASE": f"{float(rope.base)!r}f",
     }  # fmt: skip
     if storage.quant is not None:
@@ -220,9 +364,13 @@ def _build(sizes: dict[str, int | str]) -> Path | None:
     if compiler is None:
         logger.info("no C compiler: decode steps run through MLX")
         return None
-    source = _SOURCE.read_bytes()
-    flags = ["-O3", "-march=native", "-ffast-math", "-shared", "-fPIC"]
+    flags = ["-O3", f"-march={os.environ.get(_ENV_MARCH) or 'native'}", "-ffast-math", "-shared", "-fPIC"]
     flags += [f"-D{name}={value}" for name, value in sizes.items()]
+    return _compiled(compiler, [*flags, "-pthread"])
+
+
+def _compiled(compiler: str, flags: list[str]) -> Path | None:
+    source = _SOURCE.read_bytes()
     key = hashlib.sha256(source + " ".join([compiler, *flags, _cpu_id()]).encode()).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"cpu_decode-{key}.so"
     if target.exists():
