@@ -2,9 +2,10 @@
 
 Owns the kernel's build (the system C compiler, once per model shape and KV encoding, into the per-user
 cache), the checks that it may serve a model, and the call; the load probe that compares it with MLX is
-engine/runner/cpu/cpu_decode_probe.py's. Reads the weights and the paged pools where MLX keeps them (float32,
-or int8/int4 codes with their scales and biases: engine/runner/kv_quant.py); writes only the decode rows'
-new K/V slots, the same slots and encoding MLX's path would write. Never chooses blocks.
+engine/runner/cpu/cpu_decode_probe.py's. Reads the weights where MLX keeps them (float32, or MLX's affine
+4/8-bit codes with their scales and biases) and the paged pools (float32, or int8/int4 codes:
+engine/runner/kv_quant.py); writes only its rows' new K/V slots, the same slots and encoding MLX's path
+would write. Never chooses blocks. Over quantized weights it takes prefill chunks too (`serves_chunks`).
 
 Why: a 16-row decode step of SmolLM2-135M is about 1,000 MLX operations. On the CPU backend each one
 is dispatched to MLX's stream thread, and batched decode attention alone costs about a hundred BLAS
@@ -285,8 +286,8 @@ def _llama_refusal(model: nn.Module, storage: KVStorage) -> str | None:
     embedding = backbone.embed_tokens
     if type(embedding) not in (nn.Embedding, nn.QuantizedEmbedding):
         return "the embedding is not an nn.Embedding"
-    if unread := next((m for m in [*linears, embedding] if _quantized_refusal(m)), None):
-        return _quantized_refusal(unread)
+    if refusal := next(filter(None, map(_quantized_refusal, [*linears, embedding])), None):
+        return refusal
     floats = [m.weight for m in [*linears, embedding] if not isinstance(m, _QUANTIZED)]
     if any(a.dtype != mx.float32 for a in [*floats, backbone.norm.weight]):
         return "a weight is not float32"
