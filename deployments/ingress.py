@@ -68,7 +68,7 @@ from api.responses_schemas import ResponsesRequest
 from api.status import total_stats
 from deployments import chat_generation
 from deployments.anthropic_routes import AnthropicRoutes
-from deployments.deployment_health import DeploymentWatch, health_body, read_serve_status
+from deployments.deployment_health import DeploymentWatch, ServeStatusReader, health_body
 from deployments.generation import Generation
 from deployments.model_status import model_card, model_status
 from deployments.replica_errors import ProxyGoneMiddleware, install_replica_died_handler
@@ -125,7 +125,7 @@ class Ingress:
         self._unknown_fields = UnknownFields(self._compatibility.strict_request_fields)
         self._keepalive_s = stream_keepalive_s
         # Every call to another deployment fails fast with a 503 while that deployment is down.
-        self._watch = DeploymentWatch(partial(read_serve_status, serve.get_replica_context().app_name))
+        self._watch = DeploymentWatch(ServeStatusReader(serve.get_replica_context().app_name))
         try:  # from the start, so that a deployment that fails is logged even before any request
             self._watch.ensure_polling()
         except RuntimeError:  # no event loop in this constructor: the first request starts it

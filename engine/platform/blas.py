@@ -35,6 +35,12 @@ logger = logging.getLogger(__name__)
 # MKL), e.g. for a comparison.
 _ENV_BLAS = "MLX_RAY_SERVE_BLAS"
 _ENV_THREADS = "OPENBLAS_NUM_THREADS"
+# How long OpenBLAS's threads spin after a call before they sleep: 2^20 cycles (about 0.3 ms), where
+# OpenBLAS's default is 2^28 (about 0.1 s). Spinning threads hold the cores that the C forward's own
+# matmuls and the server's other processes need between BLAS calls: with the default, a 16-row
+# float32 forward right after a BLAS call took 110-130 ms, with 2^20 70 ms (docs/benchmarks.md).
+_ENV_TIMEOUT = "OPENBLAS_THREAD_TIMEOUT"
+DEFAULT_THREAD_TIMEOUT = "20"
 _PACKAGE_LIB = "scipy_openblas32/lib/libscipy_openblas*.so"
 _PREFIX = "scipy_"
 _SONAME = "libmlx_ray_serve_openblas.so"
@@ -141,8 +147,9 @@ def default_blas_threads() -> int:
 
 
 def _load(custom: Path | None) -> BlasState:
-    # OpenBLAS reads its thread count once, when it is loaded.
+    # OpenBLAS reads its thread count and its threads' spin time once, when it is loaded.
     os.environ.setdefault(_ENV_THREADS, str(default_blas_threads()))
+    os.environ.setdefault(_ENV_TIMEOUT, DEFAULT_THREAD_TIMEOUT)
     try:
         path = custom or _prepare_openblas()
         lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)

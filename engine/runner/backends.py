@@ -10,7 +10,7 @@ the model runner and the paged cache receive what was picked and never ask which
     decode     cuda_fused, cuda_graph (GPU), c_forward (CPU)  the model's own call over paged caches
     math       cpu_math (CPU)                                 MLX's softmax and SwiGLU
     attention  window_attention (CPU)                         every row's context gathered
-    prefill    paired_prefill (CPU)                           one chunk at a time
+    prefill    c_forward (the decode path's rows), paired_prefill (CPU)   one chunk at a time
 """
 
 from __future__ import annotations
@@ -99,6 +99,8 @@ def choose(target: Target, config: EngineConfig) -> Choice:
             built, reason = path.build(target, {r: n for r, n in choice.names.items() if r in choice.built})
             if reason is None:
                 choice.names[path.role], choice.built[path.role] = path.name, built
+                if getattr(built, "serves_chunks", False):  # it runs prefill chunks as rows too
+                    choice.names["prefill"] = path.name
                 continue
         choice.not_taken[path.name] = reason
     return choice
@@ -107,7 +109,7 @@ def choose(target: Target, config: EngineConfig) -> Choice:
 def _refusal(path: FastPath, choice: Choice, setting: bool | None) -> str | None:
     if setting is False:
         return f"engine.{path.setting} is false"
-    if path.role in choice.built:
+    if path.role in choice.built or choice.names[path.role] != PORTABLE[path.role]:
         return f"{choice.names[path.role]} serves {path.role}"
     if _GRAPH_ONLY & set(choice.names.values()) and path.name not in _GRAPH_ONLY:
         return "the decode graph serves this model"
@@ -124,5 +126,8 @@ def _kv_write(names: dict[str, str]) -> str:
         "cuda_graph": "the decode graph",
         "cuda_fused": "the fused attention kernel",
     }.get(names["decode"], "the paged cache")
-    prefill = "after each pair of chunks" if names["prefill"] == "paired_prefill" else "as each layer runs"
-    return f"decode rows: {decode}; prefill chunks: the paged cache, {prefill}"
+    prefill = {
+        "c_forward": "the C forward",
+        "paired_prefill": "the paged cache, after each pair of chunks",
+    }.get(names["prefill"], "the paged cache, as each layer runs")
+    return f"decode rows: {decode}; prefill chunks: {prefill}"

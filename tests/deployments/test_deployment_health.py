@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
 from api.errors import ApiError
-from deployments.deployment_health import DeploymentState, DeploymentWatch, deployment_state, health_body
+from deployments.deployment_health import (
+    DeploymentState,
+    DeploymentWatch,
+    ServeStatusReader,
+    deployment_state,
+    health_body,
+)
 
 TRACEBACK = (
     "A replica failed to start with exception. Retrying 2 more time(s). Error:\n"
@@ -94,3 +101,55 @@ def test_health_is_ok_only_when_every_deployment_runs_and_names_what_is_down():
     body = health_body(down)
     assert body["status"] == "unhealthy" and body["error"].startswith("Embedder cannot serve: A replica")
     assert body["deployments"]["Scheduler"] == {"status": "HEALTHY", "num_running": 2, "problem": None}
+
+
+class FakeController:
+    """Ray Serve's controller client as ServeStatusReader sees it: a compact status per call, and the
+    full details (a plain dict) counted, since each full read costs the controller ~150 ms of CPU."""
+
+    def __init__(self) -> None:
+        self.status = {"Scheduler": ("HEALTHY", ""), "Ingress": ("HEALTHY", "")}
+        self.replicas = {"Scheduler": ["RUNNING"], "Ingress": ["RUNNING", "RUNNING"]}
+        self.full_reads = 0
+
+    def get_serve_status(self, app_name: str) -> SimpleNamespace:
+        return SimpleNamespace(
+            deployment_statuses=[
+                SimpleNamespace(name=n, status=SimpleNamespace(value=s), message=m)
+                for n, (s, m) in self.status.items()
+            ]
+        )
+
+    def get_serve_details(self) -> dict:
+        self.full_reads += 1
+        deployments = {
+            n: {"status": s, "message": m, "replicas": [{"state": r} for r in self.replicas[n]]}
+            for n, (s, m) in self.status.items()
+        }
+        return {"applications": {"llm": {"deployments": deployments}}}
+
+
+def test_the_status_reader_reads_replica_counts_again_only_when_the_status_changes():
+    controller, now = FakeController(), [0.0]
+    read = ServeStatusReader("llm", controller, full_every_s=30.0, clock=lambda: now[0])
+    states = read()
+    assert states["Ingress"].num_running == 2 and states["Scheduler"].problem is None
+    for _ in range(5):  # steady and healthy: the compact status alone
+        now[0] += 1.0
+        assert read() == states
+    assert controller.full_reads == 1
+    controller.status["Scheduler"] = ("UPDATING", TRACEBACK)  # a replica failed to start
+    controller.replicas["Scheduler"] = ["STARTING"]
+    assert "no such directory" in (read()["Scheduler"].problem or "")
+    read()  # not HEALTHY: every poll reads the counts
+    assert controller.full_reads == 3
+    now[0] += 30.0  # and the counts are refreshed every full_every_s in any case
+    controller.status["Scheduler"] = ("HEALTHY", "")
+    controller.replicas["Scheduler"] = ["RUNNING"]
+    read()
+    read()
+    assert controller.full_reads == 4
+    now[0] += 30.0
+    read()
+    assert controller.full_reads == 5
+    assert ServeStatusReader("missing", controller)() == {}

@@ -123,7 +123,7 @@ def test_status_shows_every_replica_on_the_fast_cpu_paths(http):
         compute = replica["compute"]
         assert (compute["device"], compute["dtype"], compute["blas"]) == ("cpu", "float32", "openblas")
         assert "DYNAMIC_ARCH" in compute["blas_config"] and compute["blas_core"]
-        assert compute["decode"] == "c_forward" and compute["prefill"] == "paired_prefill"
+        assert compute["decode"] == "c_forward" and compute["prefill"] == "c_forward"
 
 
 @pytest.mark.parametrize(

@@ -97,7 +97,7 @@ def test_every_mlx_process_runs_openblas_with_the_configured_threads(served):
     compute = replica["compute"]
     assert compute["blas_detail"].endswith("2 threads")  # scheduler.num_threads: 2
     assert "DYNAMIC_ARCH" in compute["blas_config"] and compute["blas_core"] == blas.core
-    assert compute["decode"] == "c_forward" and compute["prefill"] == "paired_prefill"
+    assert compute["decode"] == "c_forward" and compute["prefill"] == "c_forward"
 
 
 def _stream_until_cut(url: str) -> None:

@@ -97,7 +97,9 @@ typedef void (*task_fn)(void *ctx, int i, int worker);
 #define cpu_pause() ((void)0)
 #endif
 /* The helper polls PAUSES times, then yields the core YIELDS times (a thread that needs it, OpenBLAS's
-   or the server's, runs), then sleeps: the next loop of a layer starts within microseconds. */
+   or the server's, runs), then sleeps: the next loop of a layer starts within microseconds. Before an
+   OpenBLAS call the caller sets `blas`, and the helper sleeps at once: OpenBLAS's threads take both
+   cores, and a helper polling beside them slowed a forward's sgemm calls up to 2x. */
 #define PAUSES 500
 #define YIELDS 2000
 static struct {
@@ -105,7 +107,7 @@ static struct {
     int started;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    atomic_int generation, sleeping, left, done;
+    atomic_int generation, sleeping, left, done, blas;
     task_fn fn;
     void *ctx;
 } pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
@@ -123,8 +125,10 @@ static void *helper_main(void *unused) {
     (void)unused;
     int seen = atomic_load(&pool.generation);
     for (;;) {
-        for (int spin = 0; spin < PAUSES + YIELDS && atomic_load(&pool.generation) == seen; spin++)
+        for (int spin = 0; spin < PAUSES + YIELDS && atomic_load(&pool.generation) == seen; spin++) {
+            if (atomic_load(&pool.blas)) break;
             spin < PAUSES ? cpu_pause() : (void)sched_yield();
+        }
         if (atomic_load(&pool.generation) == seen) {
             pthread_mutex_lock(&pool.mu);
             atomic_store(&pool.sleeping, 1);
@@ -145,6 +149,7 @@ static void parallel_for(int n, task_fn fn, void *ctx) {
     }
     if (!pool.started) pool.started = pthread_create(&pool.thread, NULL, helper_main, NULL) == 0;
     pool.fn = fn, pool.ctx = ctx; /* `left` is spent: the last job's items are all done */
+    atomic_store(&pool.blas, 0);
     atomic_store(&pool.done, 0);
     atomic_store(&pool.left, n);
     atomic_fetch_add(&pool.generation, 1);
@@ -250,7 +255,56 @@ DEFINE_QROWS(1)
 DEFINE_QROWS(2)
 DEFINE_QROWS(3)
 DEFINE_QROWS(4)
+
+/* One float32 output channel for R rows: the channel's weights are loaded once for all R rows. */
+#define DEFINE_FROWS(R)                                                                                     \
+    static void frows_##R(const float *w, int in, const float *x, float *y, int out) {                     \
+        __m256 acc[R][2];                                                                                  \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();    \
+        int at = 0;                                                                                        \
+        for (; at + 16 <= in; at += 16) {                                                                  \
+            const __m256 w0 = _mm256_loadu_ps(w + at), w1 = _mm256_loadu_ps(w + at + 8);                   \
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                          \
+                const float *xr = x + (size_t)r * in + at;                                                 \
+                acc[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xr), w0, acc[r][0]);                           \
+                acc[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 8), w1, acc[r][1]);                       \
+            }                                                                                              \
+        }                                                                                                  \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                              \
+            float sum = hsum8(_mm256_add_ps(acc[r][0], acc[r][1]));                                        \
+            for (int j = at; j < in; j++) sum += x[(size_t)r * in + j] * w[j];                             \
+            y[(size_t)r * out] = sum;                                                                      \
+        }                                                                                                  \
+    }
+DEFINE_FROWS(1)
+DEFINE_FROWS(2)
+DEFINE_FROWS(3)
+DEFINE_FROWS(4)
 #endif
+
+/* y = x @ w.T for few rows of float32 weights: each channel's weights are read once per four rows,
+   where sgemm would first copy (pack) the whole weight. */
+static void float_item(const float *w, const float *x, float *y, int rows, int out, int in) {
+#ifdef SIMD_AVX2
+    for (int r0 = 0; r0 < rows; r0 += 4) {
+        const float *xr = x + (size_t)r0 * in;
+        float *yr = y + (size_t)r0 * out;
+        switch (rows - r0 < 4 ? rows - r0 : 4) {
+        case 1: frows_1(w, in, xr, yr, out); break;
+        case 2: frows_2(w, in, xr, yr, out); break;
+        case 3: frows_3(w, in, xr, yr, out); break;
+        default: frows_4(w, in, xr, yr, out);
+        }
+    }
+#else
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * in;
+        float sum = 0.f;
+        for (int j = 0; j < in; j++) sum += xr[j] * w[j];
+        y[(size_t)r * out] = sum;
+    }
+#endif
+}
 
 /* y = x @ dequantize(m).T for few rows: each output channel's codes are read once per four rows.
    sum(x * (code * s + b)) over a group is sum(x * code * s) + b * sum(x): xsum holds each row's group
@@ -271,9 +325,22 @@ static void direct_item(void *ctx, int item, int worker) {
     const mat_t m = job->m;
     float *y = job->y;
     const int rows = job->rows, out = job->out, in = job->in;
-    const int groups = in / m.group;
+    const int groups = m.bits ? in / m.group : 0;
     const size_t row_bytes = (size_t)in * m.bits / 8;
     const int last = (item + 1) * CHANNELS < out ? (item + 1) * CHANNELS : out;
+    if (m.bits == 0) {
+        for (int o = item * CHANNELS; o < last; o++)
+            float_item((const float *)m.w + (size_t)o * in, x, y + o, rows, out, in);
+        return;
+    }
+    if (rows > 4) { /* a channel's codes dequantized once into L1 for every row, not once per 4 rows */
+        float w[MAX_IN];
+        for (int o = item * CHANNELS; o < last; o++) {
+            weight_row(m, o, in, w);
+            float_item(w, x, y + o, rows, out, in);
+        }
+        return;
+    }
     for (int o = item * CHANNELS; o < last; o++) {
         const uint8_t *row = (const uint8_t *)m.w + o * row_bytes;
         const float *sc = m.s + (size_t)o * groups, *bi = m.b + (size_t)o * groups;
@@ -331,8 +398,11 @@ typedef struct {
 
 /* y = x @ w.T, w (out, in) as nn.Linear keeps it (or its quantized form) */
 static void linear(mat_t w, const float *x, float *y, int rows, int out, int in, mm_scratch_t sc) {
+    if (rows > g_direct_rows) atomic_store(&pool.blas, 1); /* the helper sleeps through OpenBLAS's call */
     if (w.bits == 0) {
-        if (rows == 1 && g_sgemv)
+        if (rows <= g_direct_rows)
+            qgemm_direct(x, NULL, w, y, rows, out, in);
+        else if (rows == 1 && g_sgemv)
             g_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.f, (const float *)w.w, in, x, 1, 0.f, y, 1);
         else
             g_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.f, x, in, (const float *)w.w,

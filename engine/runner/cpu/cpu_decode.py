@@ -5,7 +5,7 @@ cache), the checks that it may serve a model, and the call; the load probe that 
 engine/runner/cpu/cpu_decode_probe.py's. Reads the weights where MLX keeps them (float32, or MLX's affine
 4/8-bit codes with their scales and biases) and the paged pools (float32, or int8/int4 codes:
 engine/runner/kv_quant.py); writes only its rows' new K/V slots, the same slots and encoding MLX's path
-would write. Never chooses blocks. Over quantized weights it takes prefill chunks too (`serves_chunks`).
+would write. Never chooses blocks. It takes prefill chunks too (`serves_chunks`).
 
 Why: a 16-row decode step of SmolLM2-135M is about 1,000 MLX operations. On the CPU backend each one
 is dispatched to MLX's stream thread, and batched decode attention alone costs about a hundred BLAS
@@ -104,15 +104,15 @@ class CpuDecode:
         self._formats = np.array([(m.bits, m.group) for m in weights], dtype=np.int32)
         self._matrices = weights
         self.vocab = vocab
-        # Quantized weights: MLX's CPU quantized matmul is 20-40x slower than float32 from 16 rows up, so
-        # prefill chunks run here too (engine/runner/model_runner.py), as rows of one sequence.
-        self.serves_chunks = any(m.bits for m in weights)
+        # Prefill chunks run here too (engine/runner/model_runner.py), as rows of one sequence: over
+        # quantized weights MLX's CPU quantized matmul is 20-40x slower than float32 from 16 rows up,
+        # and over float32 ones the same sgemm calls without MLX's graph prefill 1.6x faster than MLX's
+        # paired-chunk path (docs/benchmarks.md, "CPU speed against llama.cpp").
+        self.serves_chunks = True
         self.direct_rows = MAX_DIRECT
         self.blas = blas
         lib.configure.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-        if self.serves_chunks:
-            self._configure()
-            self.direct_rows = self._measure_direct_rows()
+        self.direct_rows = self._measure_direct_rows()
 
     def _configure(self) -> None:
         """The library's settings are per process, and two models of one shape share one library: each
@@ -121,36 +121,37 @@ class CpuDecode:
         self._lib.configure(blas.sgemm, blas.sgemv, blas.threads, self.direct_rows)
 
     def _measure_direct_rows(self) -> int:
-        """The most rows for which reading codes directly beats dequantizing tiles for sgemm, timed on
-        the widest quantized projection of layer 0 (min of a few runs each): where that crosses
-        depends on the CPU's vector width, its cores and the BLAS."""
-        lib = self._lib
-        lib.matmul.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
-        lib.matmul.restype = ctypes.c_int
-        index = max(
-            (i for i, m in enumerate(self._matrices) if m.bits and 3 <= i),
-            key=lambda i: self._matrices[i].shape[0] * self._matrices[i].shape[1],
-        )
-        matrix = self._matrices[index]
-        out, width = matrix.shape
-        pointers = (ctypes.c_void_p * 3)(*matrix.pointers)
-        fmt = np.array([matrix.bits, matrix.group], dtype=np.int32)
+        """The most rows for which the kernel's own matmuls (each weight read once for every row) make a
+        faster forward than OpenBLAS's (sgemv/sgemm over float32 weights, which copy them first; sgemm
+        over dequantized tiles of quantized ones). Whole forwards are timed, the two modes alternating
+        (min of a few each), on scratch pools: where the two cross depends on the CPU's vector width,
+        its cores, its memory and the BLAS, and a matmul timed alone misses what OpenBLAS's threads and
+        this kernel's cost each other inside a forward."""
+        storage = self._storage
         best = 0
         for rows in (1, 2, 4, 8, 16, MAX_DIRECT):
-            x = np.random.default_rng(rows).standard_normal((rows, width)).astype(np.float32)
-            y = np.empty((rows, out), np.float32)
+            # One block per row, each row at position 0 of its own: the matmuls are the work.
+            pools = [
+                np.zeros((v.shape[0], rows, *v.shape[2:]), v.dtype)
+                for v in map(_view, self.pool_arrays(storage))
+            ]
+            tokens = np.arange(rows, dtype=np.int32)
+            positions = np.zeros(rows, dtype=np.int32)
+            tables = np.arange(rows, dtype=np.int32)[:, None]
+            last = np.array([rows - 1], dtype=np.int32)
             times: list[list[float]] = [[], []]
-            for _ in range(5):  # the two modes alternate: a busy moment slows both alike
-                for mode in (0, 1):
+            for _ in range(3):
+                for mode, direct in enumerate((rows, 0)):
+                    self.direct_rows = direct
                     start = time.perf_counter()
-                    lib.matmul(
-                        pointers, fmt.ctypes.data, x.ctypes.data, y.ctypes.data, rows, out, width, mode
-                    )
+                    self(tokens, positions, tables, pools, rows, last)
                     times[mode].append(time.perf_counter() - start)
+            logger.debug("C forward: %d rows, own matmuls %.1f ms, OpenBLAS's %.1f ms", rows,
+                         min(times[0]) * 1e3, min(times[1]) * 1e3)  # fmt: skip
             if min(times[0]) > min(times[1]):
                 break
             best = rows
-        logger.info("C forward: quantized matmuls read codes directly up to %d rows", best)
+        logger.info("C forward: its own matmuls up to %d rows, OpenBLAS's past that", best)
         return best
 
     def __call__(
@@ -259,7 +260,7 @@ class CForwardDecode:
         weights = [_matrix(m) for m in modules]
         decode = CpuDecode(
             ctypes.CDLL(str(library)),
-            _blas(any(m.bits for m in weights)),
+            _blas(),
             weights,
             int(sizes["VOCAB"]),
             storage,
@@ -325,15 +326,14 @@ def _matrix(module: nn.Module) -> Matrix:
     return Matrix(tuple(_view(a) for a in parts), module.bits, module.group_size)
 
 
-def _blas(quantized: bool) -> Blas:
-    """The loaded BLAS's sgemm and sgemv. The kernel's own loops take as many threads as OpenBLAS has
-    where the weights are quantized (the matmuls are then the kernel's); one where they are float32,
-    where OpenBLAS's threads do the matmuls and would otherwise share the cores with idle OpenMP ones."""
+def _blas() -> Blas:
+    """The loaded BLAS's sgemm and sgemv. The kernel's own loops (its matmuls for few rows, attention)
+    take as many threads as OpenBLAS has."""
     lib = ctypes.CDLL(str(blas_state().path))
     sgemm = ctypes.cast(lib.cblas_sgemm, ctypes.c_void_p).value
     assert sgemm is not None, "the loaded BLAS exports cblas_sgemm"
     sgemv = ctypes.cast(lib.cblas_sgemv, ctypes.c_void_p).value if hasattr(lib, "cblas_sgemv") else None
-    threads = int(os.environ.get("OPENBLAS_NUM_THREADS") or default_blas_threads()) if quantized else 1
+    threads = int(os.environ.get("OPENBLAS_NUM_THREADS") or default_blas_threads())
     return Blas(sgemm, sgemv, threads)
 
 

@@ -69,3 +69,47 @@ def test_every_x86_core_loads_the_engine_and_decodes_the_same_tokens():
             result = _result(probe)
             assert result["core"] in FORCED_CORES[coretype], (coretype, result["config"])
             assert result["tokens"] == default["tokens"], coretype
+
+
+# After one sgemm on 2 threads: the CPU time (ns) OpenBLAS's other threads spend in the next 0.3 s.
+SPIN_PROBE = """
+import ctypes, os, time
+import engine
+from engine.platform.blas import blas_state
+lib = ctypes.CDLL(blas_state().path)
+n = 256
+a = (ctypes.c_float * (n * n))()
+c = (ctypes.c_float * (n * n))()
+def busy():
+    me, total = os.getpid(), 0
+    for tid in os.listdir("/proc/self/task"):
+        if int(tid) != me:
+            total += int(open(f"/proc/self/task/{tid}/schedstat").read().split()[0])
+    return total
+lib.cblas_sgemm(101, 111, 111, n, n, n, ctypes.c_float(1), a, n, a, n, ctypes.c_float(0), c, n)
+before = busy()
+time.sleep(0.3)
+print(busy() - before)
+"""
+
+
+def test_openblas_threads_sleep_soon_after_a_call_unless_the_user_says_otherwise():
+    """Its threads spin 2^20 cycles (well under 1 ms) after a call, not OpenBLAS's 2^28 (about 0.1 s;
+    engine/platform/blas.py); a user's own OPENBLAS_THREAD_TIMEOUT is kept."""
+    spun_ms = {}
+    for user in (None, "28"):
+        env = dict(os.environ, PYTHONPATH=str(REPO), OPENBLAS_NUM_THREADS="2")
+        env.pop("OPENBLAS_THREAD_TIMEOUT", None)
+        if user is not None:
+            env["OPENBLAS_THREAD_TIMEOUT"] = user
+        out = subprocess.run(
+            [sys.executable, "-c", SPIN_PROBE],
+            check=False,
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr.decode()[-2000:]
+        spun_ms[user] = int(out.stdout.decode().split()[-1]) / 1e6
+    assert spun_ms[None] < 10 and spun_ms["28"] > 30, spun_ms

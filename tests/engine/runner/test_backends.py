@@ -21,15 +21,24 @@ def test_a_float32_llama_on_the_cpu_gets_every_cpu_path():
         "decode": "c_forward",
         "math": "cpu_math",
         "attention": "window_attention",
-        "prefill": "paired_prefill",
+        "prefill": "c_forward",  # prefill chunks run as rows of the C forward's step
     }
     assert choice.not_taken == {
         "cuda_fused": "needs MLX's CUDA backend",
         "cuda_graph": "needs MLX's CUDA backend",
+        "paired_prefill": "c_forward serves prefill",
     }
     paths = choice.compute_paths("float32")
-    assert paths.kv_write.startswith("decode rows: the C forward")
+    assert paths.kv_write == "decode rows: the C forward; prefill chunks: the C forward"
     assert choice.attention.in_place is not None and choice.attention.launch_per_layer
+    assert choice.paired is None
+
+
+def test_without_the_c_forward_two_prefill_chunks_pair():
+    choice = backends.choose(_target(), EngineConfig(cpu_decode=False))
+    assert choice.names["decode"] == "mlx" and choice.names["prefill"] == "paired_prefill"
+    assert choice.paired is not None
+    assert choice.compute_paths("float32").kv_write.endswith("the paged cache, after each pair of chunks")
 
 
 def test_a_setting_turns_its_path_off_and_the_portable_path_serves():

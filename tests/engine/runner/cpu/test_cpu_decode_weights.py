@@ -1,5 +1,5 @@
 """The C forward over quantized weights (MLX's affine 4- and 8-bit codes, read as they are): both of its
-matmul paths agree with mx.quantized_matmul at every row count, a prefill chunk run as rows gives MLX's
+matmul paths agree with mx.quantized_matmul at every row count (and over float32 weights with x @ W.T), a prefill chunk run as rows gives MLX's
 logits, and the bundled Q4_1 model serves mlx-lm's own greedy tokens with its prefill in the kernel."""
 
 import ctypes
@@ -20,13 +20,15 @@ from mlx import nn
 from tests.engine.engine_helpers import chat_ids, greedy, reference_greedy, run_to_completion, token_ids
 from tests.engine.runner.cpu.test_cpu_decode import make_cpu_decode, tiny_llama, tiny_storage
 
-# (bits, group size, hidden, MLP width): every width the kernel reads, each group size it takes.
-FORMATS = [(4, 32, 64, 96), (8, 64, 128, 192), (4, 128, 128, 256), (8, 32, 64, 96)]
+# (bits, group size, hidden, MLP width): every width the kernel reads, each group size it takes; bits 0
+# is float32 (the kernel's own matmul for few rows against sgemv/sgemm).
+FORMATS = [(4, 32, 64, 96), (8, 64, 128, 192), (4, 128, 128, 256), (8, 32, 64, 96), (0, 0, 64, 100)]
 
 
 def quantized_llama(bits: int, group: int, hidden: int, width: int, tied: bool = True) -> nn.Module:
     model = tiny_llama(hidden_size=hidden, intermediate_size=width, tie_word_embeddings=tied)
-    nn.quantize(model, group_size=group, bits=bits)
+    if bits:
+        nn.quantize(model, group_size=group, bits=bits)
     mx.eval(model.parameters())
     return model
 
@@ -49,9 +51,12 @@ def test_both_matmul_paths_equal_mlxs_quantized_matmul(bits, group, hidden, widt
     fmt = np.array([bits, group], dtype=np.int32)
     for rows in (1, 3, 8, cpu_decode.MAX_DIRECT, 70):
         x = np.random.default_rng(rows).standard_normal((rows, width)).astype(np.float32)
-        expected = np.asarray(
-            mx.quantized_matmul(mx.array(x), proj.weight, proj.scales, proj.biases, True, group, bits)
-        )
+        if bits:
+            expected = np.asarray(
+                mx.quantized_matmul(mx.array(x), proj.weight, proj.scales, proj.biases, True, group, bits)
+            )
+        else:  # a width of 100: the kernel's 16-wide loop and its tail
+            expected = x @ np.asarray(proj.weight).T
         for mode in (0, 1) if rows <= cpu_decode.MAX_DIRECT else (1,):
             y = np.full((rows, hidden), np.nan, np.float32)
             assert (
@@ -128,4 +133,5 @@ def test_the_portable_loops_a_cpu_without_avx2_runs_agree_too(monkeypatch):
     monkeypatch.setenv("MLX_RAY_SERVE_KERNEL_MARCH", "x86-64")
     test_both_matmul_paths_equal_mlxs_quantized_matmul(4, 32, 64, 96)
     test_both_matmul_paths_equal_mlxs_quantized_matmul(8, 64, 128, 192)
+    test_both_matmul_paths_equal_mlxs_quantized_matmul(0, 0, 64, 100)
     test_a_chunk_as_rows_of_one_sequence_gives_mlxs_logits(tied=True)

@@ -120,15 +120,31 @@ def test_chunks_pair_longest_first_with_a_partner_of_similar_length():
 
 
 @pytest.fixture(scope="module")
-def unpaired() -> LLMEngine:
+def paired() -> LLMEngine:
+    """Without the C forward, which would run the chunks itself (engine/runner/backends.py): the paired
+    path serves the models the C forward does not take."""
     return LLMEngine(
         EngineConfig(
-            kv_cache_memory_bytes=128 << 20, max_num_seqs=16, max_num_batched_tokens=128, paired_prefill=False
+            kv_cache_memory_bytes=128 << 20, max_num_seqs=16, max_num_batched_tokens=128, cpu_decode=False
         )
     )
 
 
-def test_an_engine_that_pairs_samples_what_one_that_does_not_samples(llm, unpaired):
+@pytest.fixture(scope="module")
+def unpaired() -> LLMEngine:
+    return LLMEngine(
+        EngineConfig(
+            kv_cache_memory_bytes=128 << 20,
+            max_num_seqs=16,
+            max_num_batched_tokens=128,
+            paired_prefill=False,
+            cpu_decode=False,
+        )
+    )
+
+
+def test_an_engine_that_pairs_samples_what_one_that_does_not_samples(paired, unpaired):
+    llm = paired
     assert llm.runner.paired is not None and unpaired.runner.paired is None
     texts = ["Name three colors.", "What is two plus two?", "Write a haiku about rain.", "Say hi."]
     prompts = [chat_ids(llm, t) for t in texts] + [chat_ids(llm, texts[0]) + chat_ids(llm, texts[1])]
