@@ -14,7 +14,8 @@ vs OpenBLAS (a subprocess each, since BLAS is chosen when the process loads MLX)
 `--steady-state N`: N waves of 16 fresh requests through one engine until its prefix cache fills
 the pool, with the share of batched decode steps whose attention reads K/V in place per wave.
 `--prefill-ab`: the prefill of 16 ~200-token prompts that share a 32-token prefix (as chat prompts
-share a template's system prompt), chunks paired on two streams (engine/runner/cpu/paired_prefill.py) or not.
+share a template's system prompt): the chunks as rows of the C forward (engine/runner/cpu/cpu_decode.py),
+paired on two MLX streams (engine/runner/cpu/paired_prefill.py), or one at a time through MLX.
 `--decode-ab`: decode at 1, 4 and 16 sequences of ~200-token prompts, decode steps as one C forward
 (engine/runner/cpu/cpu_decode.py) or as MLX operations, alternating on one engine.
 """
@@ -39,8 +40,9 @@ import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.messages import GenerateRequest, SamplingParams
-from engine.platform.blas import blas_state, default_blas_threads
+from engine.platform.blas import blas_state, blas_thread_setter, default_blas_threads
 from engine.runner.cpu import activation_hook
+from engine.runner.cpu.paired_prefill import make_paired_prefill
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, generate_step
@@ -198,18 +200,27 @@ def attention_ab(llm: LLMEngine, max_tokens: int, rounds: int) -> list[dict]:
     return rows
 
 
+PREFILL_MODES = ("c_forward", "paired", "one_at_a_time")
+
+
 def prefill_ab(llm: LLMEngine, rounds: int) -> dict:
-    """Seconds to prefill 16 fresh prompts (one token out each), paired and not, alternating; each
-    round's prompts are new past their shared prefix, so only that prefix is ever cached."""
-    paired = llm.runner.paired
-    assert paired is not None, "paired prefill is off here (not the CPU backend, or no OpenBLAS)"
+    """Seconds to prefill 16 fresh prompts (one token out each), the modes in turn (the order rotates each
+    round): the chunks as rows of the C forward, paired on two MLX streams, or one at a time through
+    MLX. Each round's prompts are new past their shared prefix, so only that prefix is ever cached."""
+    decode, original = llm.runner.decode, llm.runner.paired
+    setter = blas_thread_setter()
+    paired = make_paired_prefill(llm.runner.model, setter) if setter is not None else None
+    assert paired is not None, "paired prefill cannot run here (not the CPU backend, or no OpenBLAS)"
+    modes = [m for m in PREFILL_MODES if m != "c_forward" or getattr(decode, "serves_chunks", False)]
     shared = llm.tokenizer.encode("You are a helpful assistant who tells stories to whoever asks for one.")
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-    results: dict[str, list[float]] = {"paired": [], "one_at_a_time": []}
-    print("| round | paired s | one at a time s |\n|---|---|---|")
-    for r in range(rounds + 1):  # round 0 warms both up and is not counted
-        for mode in ("paired", "one_at_a_time") if r % 2 else ("one_at_a_time", "paired"):
+    results: dict[str, list[float]] = {mode: [] for mode in modes}
+    print("| round | " + " | ".join(f"{m} s" for m in modes) + " |\n" + "|---" * (len(modes) + 1) + "|")
+    for r in range(rounds + 1):  # round 0 warms every mode up and is not counted
+        for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:
             llm.runner.paired = paired if mode == "paired" else None
+            if decode is not None:
+                decode.serves_chunks = mode == "c_forward"  # type: ignore[attr-defined]
             batch = [
                 shared + llm.tokenizer.encode(f" {mode} round {r}.") + ids for ids in prompts(llm, 16, 150)
             ]
@@ -221,10 +232,13 @@ def prefill_ab(llm: LLMEngine, rounds: int) -> dict:
             if r:
                 results[mode].append(time.perf_counter() - start)
         if r:
-            print(f"| {r} | {results['paired'][-1]:.2f} | {results['one_at_a_time'][-1]:.2f} |", flush=True)
-    llm.runner.paired = paired
+            print(f"| {r} | " + " | ".join(f"{results[m][-1]:.2f}" for m in modes) + " |", flush=True)
+    llm.runner.paired = original
+    if decode is not None:
+        decode.serves_chunks = True  # type: ignore[attr-defined]
     medians = {mode: statistics.median(v) for mode, v in results.items()}
-    print(f"medians: paired {medians['paired']:.2f} s, one at a time {medians['one_at_a_time']:.2f} s")
+    tokens = sum(len(ids) for ids in batch)
+    print("medians: " + ", ".join(f"{m} {v:.2f} s ({tokens / v:.0f} tok/s)" for m, v in medians.items()))
     return {"prompt_tokens": [len(ids) for ids in batch], "runs_s": results, "median_s": medians}
 
 
@@ -305,7 +319,9 @@ def main() -> None:
     ap.add_argument(
         "--attention-ab", action="store_true", help="only compare in-place and gathered attention"
     )
-    ap.add_argument("--prefill-ab", action="store_true", help="only compare paired and unpaired prefill")
+    ap.add_argument(
+        "--prefill-ab", action="store_true", help="only compare C-forward, paired and one-at-a-time prefill"
+    )
     ap.add_argument("--decode-ab", action="store_true", help="only compare C-forward and MLX decode steps")
     ap.add_argument(
         "--steady-state", type=int, default=0, metavar="WAVES", help="only the steady-state waves"

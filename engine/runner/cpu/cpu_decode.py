@@ -82,6 +82,10 @@ class Matrix:
         return rows, cols * 32 // self.bits if self.bits else cols
 
 
+# The load-time measurement of direct_rows starts no new row count after this long.
+MEASURE_BUDGET_S = 5.0
+
+
 class CpuDecode:
     """Calls the built kernel for one step: (rows,) tokens at (rows,) positions -> logits of the rows asked
     for. Weights in float32 or MLX's affine 4/8-bit codes (`Matrix`)."""
@@ -128,8 +132,10 @@ class CpuDecode:
         its cores, its memory and the BLAS, and a matmul timed alone misses what OpenBLAS's threads and
         this kernel's cost each other inside a forward."""
         storage = self._storage
-        best = 0
+        best, began = 0, time.perf_counter()
         for rows in (1, 2, 4, 8, 16, MAX_DIRECT):
+            if time.perf_counter() - began > MEASURE_BUDGET_S:  # a large model: keep what was shown
+                break
             # One block per row, each row at position 0 of its own: the matmuls are the work.
             pools = [
                 np.zeros((v.shape[0], rows, *v.shape[2:]), v.dtype)
