@@ -158,9 +158,14 @@ class ServeStatusReader:
             return {}
         states = {}
         for name, d in (app.get("deployments") or {}).items():
-            replicas = Counter(str(r.get("state", "")) for r in d.get("replicas") or [])
-            states[name] = deployment_state(name, str(d.get("status", "")), replicas, d.get("message") or "")
+            replicas = Counter(_name(r.get("state")) for r in d.get("replicas") or [])
+            states[name] = deployment_state(name, _name(d.get("status")), replicas, d.get("message") or "")
         return states
+
+
+def _name(value: Any) -> str:
+    """A status as Ray Serve names it: the dict holds its enums (`str()` of one gives "Class.NAME")."""
+    return str(getattr(value, "value", value) or "")
 
 
 def _serve_client() -> Any:

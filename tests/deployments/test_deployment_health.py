@@ -6,6 +6,7 @@ import asyncio
 from types import SimpleNamespace
 
 import pytest
+from ray.serve._private.common import DeploymentStatus, ReplicaState
 
 from api.errors import ApiError
 from deployments.deployment_health import (
@@ -121,9 +122,14 @@ class FakeController:
         )
 
     def get_serve_details(self) -> dict:
+        """As Ray Serve 2.60's controller returns it: statuses and replica states as its enums."""
         self.full_reads += 1
         deployments = {
-            n: {"status": s, "message": m, "replicas": [{"state": r} for r in self.replicas[n]]}
+            n: {
+                "status": DeploymentStatus(s),
+                "message": m,
+                "replicas": [{"state": ReplicaState(r)} for r in self.replicas[n]],
+            }
             for n, (s, m) in self.status.items()
         }
         return {"applications": {"llm": {"deployments": deployments}}}
@@ -133,7 +139,8 @@ def test_the_status_reader_reads_replica_counts_again_only_when_the_status_chang
     controller, now = FakeController(), [0.0]
     read = ServeStatusReader("llm", controller, full_every_s=30.0, clock=lambda: now[0])
     states = read()
-    assert states["Ingress"].num_running == 2 and states["Scheduler"].problem is None
+    assert states["Ingress"].num_running == 2 and states["Scheduler"].status == "HEALTHY"
+    assert states["Scheduler"].problem is None
     for _ in range(5):  # steady and healthy: the compact status alone
         now[0] += 1.0
         assert read() == states
