@@ -111,8 +111,10 @@ class CpuDecode:
         # Prefill chunks run here too (engine/runner/model_runner.py), as rows of one sequence: over
         # quantized weights MLX's CPU quantized matmul is 20-40x slower than float32 from 16 rows up,
         # and over float32 ones the same sgemm calls without MLX's graph prefill 1.6x faster than MLX's
-        # paired-chunk path (docs/benchmarks.md, "CPU speed against llama.cpp").
-        self.serves_chunks = True
+        # paired-chunk path (docs/benchmarks.md, "CPU speed against llama.cpp"). Not float32 weights over
+        # int8/int4 pools: a chunk's rows here attend to the chunk's own K/V as stored (quantized), where
+        # MLX's prefill attends to them unquantized, and the greedy output of those models is MLX's.
+        self.serves_chunks = any(m.bits for m in weights) or storage.quant is None
         self.direct_rows = MAX_DIRECT
         self.blas = blas
         lib.configure.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
