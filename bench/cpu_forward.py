@@ -36,30 +36,19 @@ def measure(model: str, rows_list: list[int], reps: int) -> dict:
     import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
-    from engine.runner.cpu.cpu_decode import _view
-
-    import numpy as np
 
     llm = LLMEngine(EngineConfig(model=model))
     decode = llm.runner.decode
-    assert decode is not None and hasattr(decode, "pool_arrays"), "the C forward serves this model"
-    measured_direct_rows = decode.direct_rows
+    assert decode is not None and hasattr(decode, "scratch_forward"), "the C forward serves this model"
     cells = {}
     for rows in rows_list:
-        views = map(_view, decode.pool_arrays(decode._storage))
-        pools = [np.zeros((v.shape[0], rows, *v.shape[2:]), v.dtype) for v in views]
-        tokens, positions = np.arange(rows, dtype=np.int32), np.zeros(rows, np.int32)
-        tables, last = np.arange(rows, dtype=np.int32)[:, None], np.array([rows - 1], np.int32)
+        forward = decode.scratch_forward(rows)
         times: dict[str, list[float]] = {"own": [], "blas": []}
         for _ in range(reps):
             for mode, direct in (("own", rows), ("blas", 0)):
-                decode.direct_rows = direct
-                start = time.perf_counter()
-                decode(tokens, positions, tables, pools, rows, last)
-                times[mode].append((time.perf_counter() - start) * 1000)
+                times[mode].append(forward(direct) * 1000)
         cells[rows] = {mode: statistics.median(ms) for mode, ms in times.items()}
-    decode.direct_rows = measured_direct_rows
-    return {"measured_direct_rows": measured_direct_rows, "ms": cells}
+    return {"measured_direct_rows": decode.direct_rows, "ms": cells}
 
 
 def run_child(model: str, timeout: str, args: argparse.Namespace) -> dict:

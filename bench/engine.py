@@ -208,10 +208,11 @@ def prefill_ab(llm: LLMEngine, rounds: int) -> dict:
     round): the chunks as rows of the C forward, paired on two MLX streams, or one at a time through
     MLX. Each round's prompts are new past their shared prefix, so only that prefix is ever cached."""
     decode, original = llm.runner.decode, llm.runner.paired
+    chunks_in_c = getattr(decode, "serves_chunks", False)
     setter = blas_thread_setter()
     paired = make_paired_prefill(llm.runner.model, setter) if setter is not None else None
     assert paired is not None, "paired prefill cannot run here (not the CPU backend, or no OpenBLAS)"
-    modes = [m for m in PREFILL_MODES if m != "c_forward" or getattr(decode, "serves_chunks", False)]
+    modes = [m for m in PREFILL_MODES if m != "c_forward" or chunks_in_c]
     shared = llm.tokenizer.encode("You are a helpful assistant who tells stories to whoever asks for one.")
     params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     results: dict[str, list[float]] = {mode: [] for mode in modes}
@@ -235,7 +236,7 @@ def prefill_ab(llm: LLMEngine, rounds: int) -> dict:
             print(f"| {r} | " + " | ".join(f"{results[m][-1]:.2f}" for m in modes) + " |", flush=True)
     llm.runner.paired = original
     if decode is not None:
-        decode.serves_chunks = True  # type: ignore[attr-defined]
+        decode.serves_chunks = chunks_in_c  # type: ignore[attr-defined]
     medians = {mode: statistics.median(v) for mode, v in results.items()}
     tokens = sum(len(ids) for ids in batch)
     print("medians: " + ", ".join(f"{m} {v:.2f} s ({tokens / v:.0f} tok/s)" for m, v in medians.items()))

@@ -135,20 +135,18 @@ class ServeStatusReader:
         self._last_compact: tuple[tuple[str, str, str], ...] | None = None
         self._last_full_s = -float("inf")
         self._states: dict[str, DeploymentState] = {}
-        self.full_reads = 0
 
     def __call__(self) -> dict[str, DeploymentState]:
         client = self._client or _serve_client()
         overview = client.get_serve_status(self._app_name)
         compact = tuple(
-            sorted((d.name, str(d.status.value), d.message or "") for d in overview.deployment_statuses)
+            sorted((d.name, _name(d.status), d.message or "") for d in overview.deployment_statuses)
         )
         stale = self._clock() - self._last_full_s >= self._full_every_s
         settled = all(status == "HEALTHY" for _, status, _ in compact)
         if compact != self._last_compact or stale or not settled:
             self._states = self._read_full(client)
             self._last_compact, self._last_full_s = compact, self._clock()
-            self.full_reads += 1
         return dict(self._states)
 
     def _read_full(self, client: Any) -> dict[str, DeploymentState]:

@@ -84,8 +84,11 @@ class ModelRunner:
         prefill = [s for s in plan.scheduled if s.num_new_tokens > 1 and not s.num_spec_tokens]
         items: list[ScheduledRequest] = []
         rows: list[mx.array] = []
-        known = all(s.start < s.request.num_known_tokens for s in decode)  # else async: on the device
-        if getattr(self.decode, "serves_chunks", False) and (decode or prefill) and known:
+        if (
+            getattr(self.decode, "serves_chunks", False)
+            and (decode or prefill)
+            and all(s.start < s.request.num_known_tokens for s in decode)  # else async: on the device
+        ):
             # One call for every decode row and prefill chunk (the CPU's C forward).
             items, logits = self._forward_rows(decode + prefill)
             rows, decode, prefill = [logits], [], []

@@ -25,7 +25,7 @@ import platform
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,27 +133,15 @@ class CpuDecode:
         (min of a few each), on scratch pools: where the two cross depends on the CPU's vector width,
         its cores, its memory and the BLAS, and a matmul timed alone misses what OpenBLAS's threads and
         this kernel's cost each other inside a forward."""
-        storage = self._storage
         best, began = 0, time.perf_counter()
         for rows in (1, 2, 4, 8, 16, MAX_DIRECT):
             if time.perf_counter() - began > MEASURE_BUDGET_S:  # a large model: keep what was shown
                 break
-            # One block per row, each row at position 0 of its own: the matmuls are the work.
-            pools = [
-                np.zeros((v.shape[0], rows, *v.shape[2:]), v.dtype)
-                for v in map(_view, self.pool_arrays(storage))
-            ]
-            tokens = np.arange(rows, dtype=np.int32)
-            positions = np.zeros(rows, dtype=np.int32)
-            tables = np.arange(rows, dtype=np.int32)[:, None]
-            last = np.array([rows - 1], dtype=np.int32)
+            forward = self.scratch_forward(rows)
             times: list[list[float]] = [[], []]
             for _ in range(3):
                 for mode, direct in enumerate((rows, 0)):
-                    self.direct_rows = direct
-                    start = time.perf_counter()
-                    self(tokens, positions, tables, pools, rows, last)
-                    times[mode].append(time.perf_counter() - start)
+                    times[mode].append(forward(direct))
             logger.debug("C forward: %d rows, own matmuls %.1f ms, OpenBLAS's %.1f ms", rows,
                          min(times[0]) * 1e3, min(times[1]) * 1e3)  # fmt: skip
             if min(times[0]) > min(times[1]):
@@ -161,6 +149,27 @@ class CpuDecode:
             best = rows
         logger.info("C forward: its own matmuls up to %d rows, OpenBLAS's past that", best)
         return best
+
+    def scratch_forward(self, rows: int) -> Callable[[int], float]:
+        """A timer of whole forwards of `rows` rows on scratch pools (one block per row, each row at
+        position 0 of its own: the matmuls are the work), for the load-time measurement and
+        bench/cpu_forward.py: called with a direct_rows, it runs one forward with it and returns its
+        seconds, then restores this instance's direct_rows."""
+        views = map(_view, self.pool_arrays(self._storage))
+        pools = [np.zeros((v.shape[0], rows, *v.shape[2:]), v.dtype) for v in views]
+        tokens, positions = np.arange(rows, dtype=np.int32), np.zeros(rows, dtype=np.int32)
+        tables, last = np.arange(rows, dtype=np.int32)[:, None], np.array([rows - 1], dtype=np.int32)
+
+        def forward(direct_rows: int) -> float:
+            kept, self.direct_rows = self.direct_rows, direct_rows
+            try:
+                start = time.perf_counter()
+                self(tokens, positions, tables, pools, rows, last)
+                return time.perf_counter() - start
+            finally:
+                self.direct_rows = kept
+
+        return forward
 
     def __call__(
         self,
