@@ -256,54 +256,77 @@ DEFINE_QROWS(2)
 DEFINE_QROWS(3)
 DEFINE_QROWS(4)
 
-/* One float32 output channel for R rows: the channel's weights are loaded once for all R rows. */
-#define DEFINE_FROWS(R)                                                                                     \
-    static void frows_##R(const float *w, int in, const float *x, float *y, int out) {                     \
-        __m256 acc[R][2];                                                                                  \
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();    \
+/* R rows times C float32 output channels (consecutive weight rows, `in` floats each): each weight vector
+   is loaded once for the R rows and each row's vector once for the C channels, into R * C accumulators
+   (4 x 3: twelve of AVX2's sixteen registers, enough independent FMA chains to keep both FMA units
+   busy). The empty asm statements hold the loaded vectors in registers: GCC would otherwise fold a
+   load into every FMA. `ahead` > 0 prefetches the weights that many floats on (the next tile's), which
+   the forward streams from memory faster than the hardware prefetcher alone brings them. */
+#define DEFINE_FTILE(R, C)                                                                                 \
+    static void ftile_##R##_##C(const float *w, int in, const float *x, float *y, int out, int ahead) {    \
+        __m256 acc[R][C];                                                                                  \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _Pragma("GCC unroll 3") for (int c = 0; c < C; c++) \
+            acc[r][c] = _mm256_setzero_ps();                                                               \
         int at = 0;                                                                                        \
-        for (; at + 16 <= in; at += 16) {                                                                  \
-            const __m256 w0 = _mm256_loadu_ps(w + at), w1 = _mm256_loadu_ps(w + at + 8);                   \
+        for (; at + 8 <= in; at += 8) {                                                                    \
+            __m256 wv[C];                                                                                  \
+            if (ahead && (at & 15) == 0)                                                                   \
+                _Pragma("GCC unroll 3") for (int c = 0; c < C; c++)                                        \
+                    _mm_prefetch((const char *)(w + (size_t)c * in + at + ahead), _MM_HINT_T0);            \
+            _Pragma("GCC unroll 3") for (int c = 0; c < C; c++) {                                         \
+                wv[c] = _mm256_loadu_ps(w + (size_t)c * in + at);                                          \
+                __asm__("" : "+x"(wv[c]));                                                                 \
+            }                                                                                              \
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                          \
-                const float *xr = x + (size_t)r * in + at;                                                 \
-                acc[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xr), w0, acc[r][0]);                           \
-                acc[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 8), w1, acc[r][1]);                       \
+                __m256 xv = _mm256_loadu_ps(x + (size_t)r * in + at);                                      \
+                __asm__("" : "+x"(xv));                                                                    \
+                _Pragma("GCC unroll 3") for (int c = 0; c < C; c++) acc[r][c] = _mm256_fmadd_ps(xv, wv[c], acc[r][c]); \
             }                                                                                              \
         }                                                                                                  \
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                              \
-            float sum = hsum8(_mm256_add_ps(acc[r][0], acc[r][1]));                                        \
-            for (int j = at; j < in; j++) sum += x[(size_t)r * in + j] * w[j];                             \
-            y[(size_t)r * out] = sum;                                                                      \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) _Pragma("GCC unroll 3") for (int c = 0; c < C; c++) { \
+            float sum = hsum8(acc[r][c]);                                                                  \
+            for (int j = at; j < in; j++) sum += x[(size_t)r * in + j] * w[(size_t)c * in + j];            \
+            y[(size_t)r * out + c] = sum;                                                                  \
         }                                                                                                  \
     }
-DEFINE_FROWS(1)
-DEFINE_FROWS(2)
-DEFINE_FROWS(3)
-DEFINE_FROWS(4)
+#define DEFINE_FTILES(R) DEFINE_FTILE(R, 1) DEFINE_FTILE(R, 2) DEFINE_FTILE(R, 3)
+DEFINE_FTILES(1)
+DEFINE_FTILES(2)
+DEFINE_FTILES(3)
+DEFINE_FTILES(4)
+typedef void (*ftile_fn)(const float *, int, const float *, float *, int, int);
+static const ftile_fn FTILES[4][3] = {
+    {ftile_1_1, ftile_1_2, ftile_1_3},
+    {ftile_2_1, ftile_2_2, ftile_2_3},
+    {ftile_3_1, ftile_3_2, ftile_3_3},
+    {ftile_4_1, ftile_4_2, ftile_4_3},
+};
 #endif
 
-/* y = x @ w.T for few rows of float32 weights: each channel's weights are read once per four rows,
-   where sgemm would first copy (pack) the whole weight. */
-static void float_item(const float *w, const float *x, float *y, int rows, int out, int in) {
+#define FT_CHANNELS 3 /* output channels of one float tile */
+
+/* y = x @ w.T for few rows and `channels` consecutive output channels of float32 weights (w: the first
+   channel's row): FT_CHANNELS channels at a time against every four rows, so each weight is read once
+   from memory (prefetched during the first four rows). sgemm would first copy (pack) the whole weight. */
+static void float_block(const float *w, int channels, const float *x, float *y, int rows, int out, int in) {
+    for (int c0 = 0; c0 < channels; c0 += FT_CHANNELS) {
+        const int c = channels - c0 < FT_CHANNELS ? channels - c0 : FT_CHANNELS;
+        const float *wc = w + (size_t)c0 * in;
 #ifdef SIMD_AVX2
-    for (int r0 = 0; r0 < rows; r0 += 4) {
-        const float *xr = x + (size_t)r0 * in;
-        float *yr = y + (size_t)r0 * out;
-        switch (rows - r0 < 4 ? rows - r0 : 4) {
-        case 1: frows_1(w, in, xr, yr, out); break;
-        case 2: frows_2(w, in, xr, yr, out); break;
-        case 3: frows_3(w, in, xr, yr, out); break;
-        default: frows_4(w, in, xr, yr, out);
-        }
-    }
+        for (int r0 = 0; r0 < rows; r0 += 4)
+            FTILES[(rows - r0 < 4 ? rows - r0 : 4) - 1][c - 1](wc, in, x + (size_t)r0 * in,
+                                                              y + (size_t)r0 * out + c0, out,
+                                                              r0 == 0 ? FT_CHANNELS * in : 0);
 #else
-    for (int r = 0; r < rows; r++) {
-        const float *xr = x + (size_t)r * in;
-        float sum = 0.f;
-        for (int j = 0; j < in; j++) sum += xr[j] * w[j];
-        y[(size_t)r * out] = sum;
-    }
+        for (int k = 0; k < c; k++)
+            for (int r = 0; r < rows; r++) {
+                const float *xr = x + (size_t)r * in, *wk = wc + (size_t)k * in;
+                float sum = 0.f;
+                for (int j = 0; j < in; j++) sum += xr[j] * wk[j];
+                y[(size_t)r * out + c0 + k] = sum;
+            }
 #endif
+    }
 }
 
 /* y = x @ dequantize(m).T for few rows: each output channel's codes are read once per four rows.
@@ -316,7 +339,7 @@ typedef struct {
     int rows, out, in;
 } direct_job_t;
 
-#define CHANNELS 16 /* output channels per item of a direct matmul */
+#define CHANNELS 24 /* output channels per item of a direct matmul (a multiple of FT_CHANNELS) */
 
 static void direct_item(void *ctx, int item, int worker) {
     (void)worker;
@@ -328,17 +351,15 @@ static void direct_item(void *ctx, int item, int worker) {
     const int groups = m.bits ? in / m.group : 0;
     const size_t row_bytes = (size_t)in * m.bits / 8;
     const int last = (item + 1) * CHANNELS < out ? (item + 1) * CHANNELS : out;
+    const int first = item * CHANNELS;
     if (m.bits == 0) {
-        for (int o = item * CHANNELS; o < last; o++)
-            float_item((const float *)m.w + (size_t)o * in, x, y + o, rows, out, in);
+        float_block((const float *)m.w + (size_t)first * in, last - first, x, y + first, rows, out, in);
         return;
     }
-    if (rows > 4) { /* a channel's codes dequantized once into L1 for every row, not once per 4 rows */
-        float w[MAX_IN];
-        for (int o = item * CHANNELS; o < last; o++) {
-            weight_row(m, o, in, w);
-            float_item(w, x, y + o, rows, out, in);
-        }
+    if (rows > 4) { /* the channels' codes dequantized once into L1/L2 for every row, not once per 4 rows */
+        float w[CHANNELS * MAX_IN];
+        for (int o = first; o < last; o++) weight_row(m, o, in, w + (size_t)(o - first) * in);
+        float_block(w, last - first, x, y + first, rows, out, in);
         return;
     }
     for (int o = item * CHANNELS; o < last; o++) {

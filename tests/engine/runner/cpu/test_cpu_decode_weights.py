@@ -49,13 +49,13 @@ def test_both_matmul_paths_equal_mlxs_quantized_matmul(bits, group, hidden, widt
     lib.matmul.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
     pointers = (ctypes.c_void_p * 3)(*matrix.pointers)
     fmt = np.array([bits, group], dtype=np.int32)
-    for rows in (1, 3, 8, cpu_decode.MAX_DIRECT, 70):
+    for rows in (1, 3, 6, 8, cpu_decode.MAX_DIRECT, 70):  # 6: a tile of four rows and one of two
         x = np.random.default_rng(rows).standard_normal((rows, width)).astype(np.float32)
         if bits:
             expected = np.asarray(
                 mx.quantized_matmul(mx.array(x), proj.weight, proj.scales, proj.biases, True, group, bits)
             )
-        else:  # a width of 100: the kernel's 16-wide loop and its tail
+        else:  # a width of 100: the kernel's 8-wide loop and its tail; 64 outputs: tiles of 3 and one of 1
             expected = x @ np.asarray(proj.weight).T
         for mode in (0, 1) if rows <= cpu_decode.MAX_DIRECT else (1,):
             y = np.full((rows, hidden), np.nan, np.float32)
