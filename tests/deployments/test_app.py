@@ -52,7 +52,7 @@ def test_a_waiting_bound_that_ray_serve_would_hide_is_refused():
 
 
 def test_the_stream_batch_rate_is_positive_or_off():
-    assert AppConfig().max_stream_batches_per_s == 160  # 16 streams: a batch each every 0.1 s
+    assert AppConfig().max_stream_batches_per_s == 200  # 16 streams: a batch each per 80 ms at most
     assert AppConfig.model_validate({"max_stream_batches_per_s": None}).max_stream_batches_per_s is None
     with pytest.raises(ValidationError, match="max_stream_batches_per_s"):
         AppConfig.model_validate({"max_stream_batches_per_s": 0})
