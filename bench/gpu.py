@@ -1,7 +1,7 @@
 """GPU benchmark of the engine against mlx-lm on random-weight Llama shapes (bench/gpu_models.py). No network.
 
     python bench/gpu.py [--shapes 1b,8b,8b-4bit] [--batches 1,8,32,64,128] [--max-tokens 128]
-        [--engine key=value ...] [--baseline key=value ...] [--check] [--out bench/results/gpu.json]
+        [--warmup-tokens N] [--rounds 3] [--engine key=value ...] [--baseline key=value ...] [--check] [--out bench/results/gpu.json]
 
 Rows, each naming the device (`mx.device_info()["device_name"]`, e.g. "NVIDIA H100 80GB HBM3"): the two
 ceilings (bf16 matmul TFLOP/s, copy GB/s counting bytes read and written); per shape, decode tokens/s of
@@ -33,6 +33,7 @@ import dataclasses
 import gc
 import json
 import platform
+import statistics
 import tempfile
 import time
 
@@ -98,6 +99,12 @@ def ceilings(n: int = 8192, copy_elems: int = 1 << 29) -> dict:
 # ---- the engine ---------------------------------------------------------------------------------
 
 
+def median_of(rounds: int, measure, *args) -> float:
+    """The median of `rounds` calls of `measure(*args)` (tokens/s): one run of a few dozen steps moves
+    with the host's load."""
+    return statistics.median(measure(*args) for _ in range(rounds))
+
+
 def engine_config(model_dir: Path, overrides: dict, **fixed) -> EngineConfig:
     """The bench's defaults, then the command line's overrides, then what a measurement must fix."""
     defaults = {
@@ -142,22 +149,29 @@ def engine_prefill(llm: LLMEngine, ids: list[int]) -> float:
 
 
 def measure_engine(label: str, config: EngineConfig, work: dict) -> dict:
-    """Decode at each batch, prefill and the mixed-sampling pair, each after a warm-up round."""
+    """Decode at each batch (the median of --rounds runs), prefill and the mixed-sampling pair (their runs
+    alternating), each after a warm-up round."""
     llm = LLMEngine(config)
     paths = dataclasses.asdict(llm.compute) if hasattr(llm, "compute") else {}
     log(f"{label}: loaded, decode path {paths.get('decode', '?')}, sampling {paths.get('sampling', '?')}")
     decode = {}
     for b, batch in work["batches"].items():
-        engine_decode(llm, batch, 8)  # compiles this batch's kernels
-        decode[b] = engine_decode(llm, batch, work["max_tokens"])
+        # By default the warm-up meets every (batch, context) bucket the measured run meets: a decode
+        # graph compiled inside the measured run (its context crossing a power of two of blocks) is a
+        # one-time cost, not the steady state. --warmup-tokens 8 is the earlier, shorter warm-up.
+        engine_decode(llm, batch, work["warmup_tokens"])
+        decode[b] = median_of(work["rounds"], engine_decode, llm, batch, work["max_tokens"])
         log(f"{label}: batch {b} decode {decode[b]:,.0f} tok/s")
     engine_prefill(llm, work["prefill_ids"])
     prefill = engine_prefill(llm, work["prefill_ids"])
     log(f"{label}: prefill {prefill:,.0f} tok/s")
-    mixed = {}
-    for name, every in (("greedy_tok_s", 0), ("mixed_tok_s", SAMPLED_EVERY)):
-        engine_decode(llm, work["mixed_batch"], 8, every)
-        mixed[name] = engine_decode(llm, work["mixed_batch"], work["max_tokens"], every)
+    for every in (0, SAMPLED_EVERY):
+        engine_decode(llm, work["mixed_batch"], work["warmup_tokens"], every)
+    rounds: dict[str, list[float]] = {"greedy_tok_s": [], "mixed_tok_s": []}
+    for _ in range(work["rounds"]):  # the two alternate: a slow moment of the host slows both alike
+        for name, every in (("greedy_tok_s", 0), ("mixed_tok_s", SAMPLED_EVERY)):
+            rounds[name].append(engine_decode(llm, work["mixed_batch"], work["max_tokens"], every))
+    mixed = {name: statistics.median(values) for name, values in rounds.items()}
     mixed["ratio"] = mixed["mixed_tok_s"] / mixed["greedy_tok_s"]
     log(f"{label}: mixed sampling {mixed['mixed_tok_s']:,.0f} vs greedy {mixed['greedy_tok_s']:,.0f} tok/s")
     llm.close()
@@ -197,8 +211,8 @@ def measure_mlx_lm(model_dir: Path, work: dict) -> dict:
     log("mlx-lm: loaded")
     decode = {}
     for b, batch in work["batches"].items():
-        batchgen_decode(model, batch, 8)
-        decode[b] = batchgen_decode(model, batch, work["max_tokens"])
+        batchgen_decode(model, batch, work["warmup_tokens"])  # the same warm-up as the engine's
+        decode[b] = median_of(work["rounds"], batchgen_decode, model, batch, work["max_tokens"])
         log(f"mlx-lm: batch {b} BatchGenerator {decode[b]:,.0f} tok/s")
     mlx_lm_prefill(model, work["prefill_ids"])
     prefill = mlx_lm_prefill(model, work["prefill_ids"])
@@ -310,6 +324,8 @@ def run_shape(shape: Shape, args, variants: dict[str, dict], ceil: dict) -> dict
         "mixed_batch": prompts(args.mixed_batch, 32, vocab, seed=args.mixed_batch),
         "prefill_ids": prompts(1, args.prompt_len, vocab, seed=1)[0],
         "max_tokens": args.max_tokens,
+        "warmup_tokens": args.warmup_tokens or args.max_tokens,
+        "rounds": args.rounds,
     }
     max_num_seqs = max(batches + [args.mixed_batch])
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
@@ -350,6 +366,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--shapes", default="1b", help="comma-separated: 1b, 8b, 8b-4bit (1b-4bit too)")
     parser.add_argument("--batches", default="1,8,32,64,128")
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=3, help="measured decode rounds per cell (median)")
+    parser.add_argument(
+        "--warmup-tokens", type=int, help="tokens of each decode warm-up round (default: --max-tokens)"
+    )
     parser.add_argument(
         "--prompt-len", type=int, help="prefill prompt length (default 2048; 128 with --tiny)"
     )
