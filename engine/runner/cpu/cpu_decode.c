@@ -356,10 +356,13 @@ static void direct_item(void *ctx, int item, int worker) {
         float_block((const float *)m.w + (size_t)first * in, last - first, x, y + first, rows, out, in);
         return;
     }
-    if (rows > 4) { /* the channels' codes dequantized once into L1/L2 for every row, not once per 4 rows */
-        float w[CHANNELS * MAX_IN];
-        for (int o = first; o < last; o++) weight_row(m, o, in, w + (size_t)(o - first) * in);
-        float_block(w, last - first, x, y + first, rows, out, in);
+    if (rows > 4) { /* a tile's codes dequantized once into L1 for every row, not once per 4 rows */
+        float w[FT_CHANNELS * MAX_IN];
+        for (int o = first; o < last; o += FT_CHANNELS) {
+            const int n = last - o < FT_CHANNELS ? last - o : FT_CHANNELS;
+            for (int c = 0; c < n; c++) weight_row(m, o + c, in, w + (size_t)c * in);
+            float_block(w, n, x, y + o, rows, out, in);
+        }
         return;
     }
     for (int o = item * CHANNELS; o < last; o++) {
