@@ -1,7 +1,8 @@
 """GPU benchmark of the engine against mlx-lm on random-weight Llama shapes (bench/gpu_models.py). No network.
 
     python bench/gpu.py [--shapes 1b,8b,8b-4bit] [--batches 1,8,32,64,128] [--max-tokens 128]
-        [--warmup-tokens N] [--rounds 3] [--engine key=value ...] [--baseline key=value ...] [--check] [--out bench/results/gpu.json]
+        [--warmup-tokens N] [--rounds 3] [--engine key=value ...] [--baseline key=value ...] [--check]
+        [--out bench/results/gpu.json]
 
 Rows, each naming the device (`mx.device_info()["device_name"]`, e.g. "NVIDIA H100 80GB HBM3"): the two
 ceilings (bf16 matmul TFLOP/s, copy GB/s counting bytes read and written); per shape, decode tokens/s of

@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import argparse
+import dataclasses
 import json
 import tempfile
 import time
@@ -29,11 +30,11 @@ from typing import Any
 import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX on CPU-only machines)
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.messages import GenerateRequest, SamplingParams
+from engine.messages import GenerateRequest
 
 import mlx.core as mx
 
-from bench.gpu import SAMPLED_EVERY, device_name, table
+from bench.gpu import GREEDY, SAMPLED, SAMPLED_EVERY, device_name, table
 from bench.gpu_models import build_model_dir, parse_shapes
 
 PROMPT_LEN = 32
@@ -48,10 +49,7 @@ def engine_steps(llm: LLMEngine, batch: int, mixed: bool, steps: int) -> list[fl
     tag = f"{'m' if mixed else 'g'}{time.monotonic_ns()}-"
     for i in range(batch):
         sampled = mixed and i % SAMPLED_EVERY == 0
-        params = SamplingParams(
-            max_tokens=100_000, temperature=0.8 if sampled else 0.0, top_p=0.95 if sampled else 1.0,
-            seed=i, ignore_eos=True,
-        )  # fmt: skip
+        params = dataclasses.replace(SAMPLED if sampled else GREEDY, seed=i, max_tokens=100_000)
         llm.add_request(
             GenerateRequest(f"{tag}{i}", [(7 * i + j) % 1000 + 2 for j in range(PROMPT_LEN)], params)
         )

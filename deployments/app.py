@@ -76,9 +76,9 @@ class AppConfig(ParserFields):
         0.06,
         ge=0,
         le=1,
-        description="Least time between two batches of one stream; 0: a batch per step. 0.06: a single "
-        "stream sends 2-3 tokens per batch on a 2-core CPU, where each batch costs the Ray processes "
-        "3-6 ms of the cores the forward needs, and still gets a batch every 60-90 ms.",
+        description="Least time between two batches of one stream; 0: a batch per step. 0.06: on a 2-core "
+        "CPU a single stream sends 1-3 tokens per batch (each batch costs the Ray processes 3-6 ms of the "
+        "cores the forward needs) and still gets a batch every 60-90 ms.",
     )
     max_stream_batches_per_s: float | None = Field(
         200.0,

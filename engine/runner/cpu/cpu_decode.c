@@ -307,8 +307,10 @@ static const ftile_fn FTILES[4][3] = {
 
 /* y = x @ w.T for few rows and `channels` consecutive output channels of float32 weights (w: the first
    channel's row): FT_CHANNELS channels at a time against every four rows, so each weight is read once
-   from memory (prefetched during the first four rows). sgemm would first copy (pack) the whole weight. */
-static void float_block(const float *w, int channels, const float *x, float *y, int rows, int out, int in) {
+   from memory (with `streamed`, the next tile prefetched during the first four rows; a buffer already
+   in L1 needs none). sgemm would first copy (pack) the whole weight. */
+static void float_block(const float *w, int channels, const float *x, float *y, int rows, int out, int in,
+                        int streamed) {
     for (int c0 = 0; c0 < channels; c0 += FT_CHANNELS) {
         const int c = channels - c0 < FT_CHANNELS ? channels - c0 : FT_CHANNELS;
         const float *wc = w + (size_t)c0 * in;
@@ -316,8 +318,9 @@ static void float_block(const float *w, int channels, const float *x, float *y, 
         for (int r0 = 0; r0 < rows; r0 += 4)
             FTILES[(rows - r0 < 4 ? rows - r0 : 4) - 1][c - 1](wc, in, x + (size_t)r0 * in,
                                                               y + (size_t)r0 * out + c0, out,
-                                                              r0 == 0 ? FT_CHANNELS * in : 0);
+                                                              streamed && r0 == 0 ? FT_CHANNELS * in : 0);
 #else
+        (void)streamed;
         for (int k = 0; k < c; k++)
             for (int r = 0; r < rows; r++) {
                 const float *xr = x + (size_t)r * in, *wk = wc + (size_t)k * in;
@@ -353,7 +356,7 @@ static void direct_item(void *ctx, int item, int worker) {
     const int last = (item + 1) * CHANNELS < out ? (item + 1) * CHANNELS : out;
     const int first = item * CHANNELS;
     if (m.bits == 0) {
-        float_block((const float *)m.w + (size_t)first * in, last - first, x, y + first, rows, out, in);
+        float_block((const float *)m.w + (size_t)first * in, last - first, x, y + first, rows, out, in, 1);
         return;
     }
     if (rows > 4) { /* a tile's codes dequantized once into L1 for every row, not once per 4 rows */
@@ -361,11 +364,11 @@ static void direct_item(void *ctx, int item, int worker) {
         for (int o = first; o < last; o += FT_CHANNELS) {
             const int n = last - o < FT_CHANNELS ? last - o : FT_CHANNELS;
             for (int c = 0; c < n; c++) weight_row(m, o + c, in, w + (size_t)c * in);
-            float_block(w, n, x, y + o, rows, out, in);
+            float_block(w, n, x, y + o, rows, out, in, 0);
         }
         return;
     }
-    for (int o = item * CHANNELS; o < last; o++) {
+    for (int o = first; o < last; o++) {
         const uint8_t *row = (const uint8_t *)m.w + o * row_bytes;
         const float *sc = m.s + (size_t)o * groups, *bi = m.b + (size_t)o * groups;
 #ifdef SIMD_AVX2
