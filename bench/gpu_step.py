@@ -21,10 +21,12 @@ from pathlib import Path
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX on CPU-only machines)
@@ -44,8 +46,47 @@ def ms(values: list[float], q: float = 0.5) -> float:
     return sorted(values)[int(q * (len(values) - 1))] * 1e3
 
 
-def engine_steps(llm: LLMEngine, batch: int, mixed: bool, steps: int) -> list[float]:
-    """Seconds of each of `steps` engine steps with `batch` rows decoding (after 40 warm-up steps)."""
+# The engine's stages of a decode step, by owner attribute (None: the engine) and method. "read" waits for
+# the launched step's tokens: it holds the time the host waits for the GPU.
+PARTS = {
+    "schedule": ("scheduler", "schedule"),
+    "build forward": ("runner", "execute"),
+    "launch sampling": ("sampler", "launch"),
+    "read tokens": ("sampler", "read"),
+    "commit": (None, "_commit"),
+}
+
+
+def _timed(f: Callable[..., Any], spent: dict[str, float], part: str) -> Callable[..., Any]:
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return f(*args, **kwargs)
+        finally:
+            spent[part] += time.perf_counter() - start
+
+    return timed
+
+
+@contextlib.contextmanager
+def timed_parts(llm: LLMEngine) -> Iterator[dict[str, float]]:
+    """Seconds spent in each of PARTS while the block runs (instance attributes shadow the methods)."""
+    spent = dict.fromkeys(PARTS, 0.0)
+    owners = [(llm if attr is None else getattr(llm, attr), method) for attr, method in PARTS.values()]
+    for part, (owner, method) in zip(PARTS, owners):
+        setattr(owner, method, _timed(getattr(owner, method), spent, part))
+    try:
+        yield spent
+    finally:
+        for owner, method in owners:
+            delattr(owner, method)
+
+
+def engine_steps(
+    llm: LLMEngine, batch: int, mixed: bool, steps: int, parts: dict[str, float] | None = None
+) -> list[float]:
+    """Seconds of each of `steps` engine steps with `batch` rows decoding (after 40 warm-up steps); with
+    `parts`, the ms per step of each of PARTS go into it."""
     tag = f"{'m' if mixed else 'g'}{time.monotonic_ns()}-"
     for i in range(batch):
         sampled = mixed and i % SAMPLED_EVERY == 0
@@ -56,10 +97,13 @@ def engine_steps(llm: LLMEngine, batch: int, mixed: bool, steps: int) -> list[fl
     for _ in range(40):
         llm.step()
     times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        llm.step()
-        times.append(time.perf_counter() - start)
+    with timed_parts(llm) as spent:
+        for _ in range(steps):
+            start = time.perf_counter()
+            llm.step()
+            times.append(time.perf_counter() - start)
+    if parts is not None:
+        parts.update({part: seconds / steps * 1e3 for part, seconds in spent.items()})
     for i in range(batch):
         llm.abort_request(f"{tag}{i}")
     while llm.has_unfinished_requests():
@@ -111,12 +155,14 @@ def main() -> None:
         )  # fmt: skip
         llm = LLMEngine(config)
         for batch in batches:
-            greedy = engine_steps(llm, batch, False, args.steps)
+            parts: dict[str, float] = {}
+            greedy = engine_steps(llm, batch, False, args.steps, parts)
             mixed = engine_steps(llm, batch, True, args.steps)
             row = {
                 "batch": batch,
                 "greedy_p50_ms": ms(greedy), "greedy_p90_ms": ms(greedy, 0.9),
-                "mixed_p50_ms": ms(mixed), "mixed_p90_ms": ms(mixed, 0.9),
+                "mixed_p50_ms": ms(mixed), "mixed_p90_ms": ms(mixed, 0.9), "greedy_parts_ms": parts,
+                "greedy_mean_ms": sum(greedy) / len(greedy) * 1e3,
                 "forward": forward_alone(llm, batch, args.steps),
             }  # fmt: skip
             rows.append(row)
@@ -131,6 +177,16 @@ def main() -> None:
              f"{r['mixed_p50_ms']:.2f} ({r['mixed_p90_ms']:.2f}) ms"]
             + ([f"{f['build_ms']:.2f} ms", f"{f['eval_ms']:.2f} ms", f"{f['pipelined_ms']:.2f} ms",
                 f"{r['greedy_p50_ms'] - f['pipelined_ms']:.2f} ms"] if (f := r["forward"]) else ["-"] * 4)
+            for r in rows
+        ],
+    )  # fmt: skip
+    print('\nThe greedy step\'s stages, mean ms per step (the host waits for the GPU in "read tokens"):')
+    table(
+        ["device", "shape", "batch", "step (mean)", *PARTS, "rest"],
+        [
+            [device, args.shape, r["batch"], f"{r['greedy_mean_ms']:.2f}"]
+            + [f"{r['greedy_parts_ms'][p]:.2f}" for p in PARTS]
+            + [f"{r['greedy_mean_ms'] - sum(r['greedy_parts_ms'].values()):.2f}"]
             for r in rows
         ],
     )  # fmt: skip
