@@ -36,10 +36,11 @@ def measure(model: str, rows_list: list[int], reps: int) -> dict:
     import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
     from engine.config import EngineConfig
     from engine.llm_engine import LLMEngine
+    from engine.runner.cpu.cpu_decode import CpuDecode
 
     llm = LLMEngine(EngineConfig(model=model))
     decode = llm.runner.decode
-    assert decode is not None and hasattr(decode, "scratch_forward"), "the C forward serves this model"
+    assert isinstance(decode, CpuDecode), "the C forward serves this model"
     cells = {}
     for rows in rows_list:
         forward = decode.scratch_forward(rows)
@@ -48,7 +49,7 @@ def measure(model: str, rows_list: list[int], reps: int) -> dict:
             for mode, direct in (("own", rows), ("blas", 0)):
                 times[mode].append(forward(direct) * 1000)
         cells[rows] = {mode: statistics.median(ms) for mode, ms in times.items()}
-    return {"measured_direct_rows": decode.direct_rows, "ms": cells}
+    return {"measured_direct_rows": [decode.direct_min, decode.direct_rows], "ms": cells}
 
 
 def run_child(model: str, timeout: str, args: argparse.Namespace) -> dict:
@@ -62,14 +63,15 @@ def run_child(model: str, timeout: str, args: argparse.Namespace) -> dict:
 
 
 def table(results: list[dict], rows_list: list[int]) -> str:
-    head = "| model | OPENBLAS_THREAD_TIMEOUT | measured direct rows | " + " | ".join(
+    head = "| model | OPENBLAS_THREAD_TIMEOUT | own matmuls picked at load (rows) | " + " | ".join(
         f"{r} rows: own / OpenBLAS" for r in rows_list
     )
     lines = [head + " |", "|---" * (3 + len(rows_list)) + "|"]
     for r in results:
         cells = [f"{r['ms'][str(n)]['own']:.1f} / {r['ms'][str(n)]['blas']:.1f}" for n in rows_list]
         name = r["model"].removeprefix("bundled:")
-        lines.append(f"| {name} | {r['timeout']} | {r['measured_direct_rows']} | " + " | ".join(cells) + " |")
+        lowest, most = r["measured_direct_rows"]
+        lines.append(f"| {name} | {r['timeout']} | {lowest}-{most} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -12,7 +12,8 @@
    codes (4 or 8 bits, packed lowest first in uint32 words, a float32 scale and bias per group of 32,
    64 or 128), which the forward reads as they are: a few rows go through qgemm_direct, which reads each
    code once for all rows; more rows dequantize tiles of weights for cblas_sgemm (qgemm_tiles). The row
-   count where one gives way to the other is measured at load (configure's direct_rows).
+   counts that go through qgemm_direct are measured at load (configure's direct_min to direct_rows: one
+   row may go to OpenBLAS's sgemv where its kernel reads memory faster).
 
    Pools (KVH, NB, BS, HD) per layer: token pos of row b lives at block tables[b][pos / BS],
    slot pos % BS. Row b's new token is at positions[b]; it attends to positions 0..positions[b].
@@ -75,15 +76,19 @@ typedef struct {
 
 static sgemm_t g_sgemm;
 static sgemv_t g_sgemv;
-static int g_threads = 1, g_direct_rows = MAX_DIRECT;
+static int g_threads = 1, g_direct_min = 1, g_direct_rows = MAX_DIRECT;
 
-/* Called once before any forward: the BLAS entry points (sgemv may be NULL), the threads of the
-   OpenMP loops, and the most rows a quantized matmul reads codes directly for (measured at load). */
-void configure(sgemm_t sgemm, sgemv_t sgemv, int threads, int direct_rows) {
+/* Called before each forward: the BLAS entry points (sgemv may be NULL), the threads of the work-sharing
+   pool, and the row counts (direct_min to direct_rows) whose matmuls read weights directly instead of
+   calling OpenBLAS (measured at load). */
+void configure(sgemm_t sgemm, sgemv_t sgemv, int threads, int direct_min, int direct_rows) {
     g_sgemm = sgemm, g_sgemv = sgemv;
     g_threads = threads < 1 ? 1 : threads > WORKERS ? WORKERS : threads;
+    g_direct_min = direct_min < 1 ? 1 : direct_min;
     g_direct_rows = direct_rows < 0 ? 0 : direct_rows > MAX_DIRECT ? MAX_DIRECT : direct_rows;
 }
+
+static inline int direct(int rows) { return rows >= g_direct_min && rows <= g_direct_rows; }
 
 /* The work-sharing pool: parallel_for(n, fn, ctx) runs fn(ctx, i, worker) for i < n on the caller
    (worker 0) and the helper (worker 1), each claiming the next item by counting `left` down. The
@@ -425,9 +430,9 @@ typedef struct {
 
 /* y = x @ w.T, w (out, in) as nn.Linear keeps it (or its quantized form) */
 static void linear(mat_t w, const float *x, float *y, int rows, int out, int in, mm_scratch_t sc) {
-    if (rows > g_direct_rows) atomic_store(&pool.blas, 1); /* the helper sleeps through OpenBLAS's call */
+    if (!direct(rows)) atomic_store(&pool.blas, 1); /* the helper sleeps through OpenBLAS's call */
     if (w.bits == 0) {
-        if (rows <= g_direct_rows)
+        if (direct(rows))
             qgemm_direct(x, NULL, w, y, rows, out, in);
         else if (rows == 1 && g_sgemv)
             g_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.f, (const float *)w.w, in, x, 1, 0.f, y, 1);
@@ -436,7 +441,7 @@ static void linear(mat_t w, const float *x, float *y, int rows, int out, int in,
                     in, 0.f, y, out);
         return;
     }
-    if (rows > g_direct_rows) {
+    if (!direct(rows)) {
         qgemm_tiles(x, w, y, rows, out, in, sc.tile);
         return;
     }
@@ -460,10 +465,10 @@ int matmul(const void *const *weight, const int32_t *format, const float *x, flo
     float *tile = malloc(sizeof(float) * ((size_t)TILE * in + (size_t)MAX_DIRECT * in / 32));
     if (!tile) return -1;
     mm_scratch_t sc = {tile, tile + (size_t)TILE * in};
-    int keep = g_direct_rows;
-    g_direct_rows = mode == 0 ? MAX_DIRECT : 0;
+    int keep_min = g_direct_min, keep = g_direct_rows;
+    g_direct_min = 1, g_direct_rows = mode == 0 ? MAX_DIRECT : 0;
     linear(w, x, y, rows, out, in, sc);
-    g_direct_rows = keep;
+    g_direct_min = keep_min, g_direct_rows = keep;
     free(tile);
     return 0;
 }

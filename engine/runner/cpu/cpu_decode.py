@@ -84,6 +84,26 @@ class Matrix:
 
 # The load-time measurement of direct_rows starts no new row count after this long.
 MEASURE_BUDGET_S = 5.0
+# A row count where the own matmuls are at most this much slower than OpenBLAS's does not end the
+# measurement: timing noise between two memory-bound forwards is of this order.
+DIRECT_TIE = 0.05
+
+
+def pick_direct_rows(measured: dict[int, tuple[float, float]]) -> tuple[int, int]:
+    """From (own, OpenBLAS) forward seconds at each row count: (direct_min, direct_rows), the row counts
+    whose matmuls are the kernel's own. One row is memory-bound in both modes and decided alone: sgemv
+    may read faster. Past it, the largest count where the own matmuls are faster, with every count
+    between at most DIRECT_TIE slower: a near tie at a few rows must not send the rows where the own
+    matmuls win by a third (16 on a 2-core AVX-512 machine) to OpenBLAS. (1, 0): none."""
+    one = 1 in measured and measured[1][0] <= measured[1][1]
+    best = 1 if one else 0
+    for rows in sorted(r for r in measured if r > 1):
+        own, blas = measured[rows]
+        if own > blas * (1 + DIRECT_TIE):
+            break
+        if own <= blas:
+            best = rows
+    return (1 if one or best == 0 else 2), best
 
 
 class CpuDecode:
@@ -115,25 +135,26 @@ class CpuDecode:
         # int8/int4 pools: a chunk's rows here attend to the chunk's own K/V as stored (quantized), where
         # MLX's prefill attends to them unquantized, and the greedy output of those models is MLX's.
         self.serves_chunks = any(m.bits for m in weights) or storage.quant is None
-        self.direct_rows = MAX_DIRECT
+        self.direct_min, self.direct_rows = 1, MAX_DIRECT
         self.blas = blas
-        lib.configure.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-        self.direct_rows = self._measure_direct_rows()
+        lib.configure.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 3
+        self.direct_min, self.direct_rows = self._measure_direct_rows()
 
     def _configure(self) -> None:
         """The library's settings are per process, and two models of one shape share one library: each
         call sets this instance's."""
         blas = self.blas
-        self._lib.configure(blas.sgemm, blas.sgemv, blas.threads, self.direct_rows)
+        self._lib.configure(blas.sgemm, blas.sgemv, blas.threads, self.direct_min, self.direct_rows)
 
-    def _measure_direct_rows(self) -> int:
-        """The most rows for which the kernel's own matmuls (each weight read once for every row) make a
+    def _measure_direct_rows(self) -> tuple[int, int]:
+        """The row counts for which the kernel's own matmuls (each weight read once for every row) make a
         faster forward than OpenBLAS's (sgemv/sgemm over float32 weights, which copy them first; sgemm
         over dequantized tiles of quantized ones). Whole forwards are timed, the two modes alternating
         (min of a few each), on scratch pools: where the two cross depends on the CPU's vector width,
         its cores, its memory and the BLAS, and a matmul timed alone misses what OpenBLAS's threads and
         this kernel's cost each other inside a forward."""
-        best, began = 0, time.perf_counter()
+        measured: dict[int, tuple[float, float]] = {}
+        began = time.perf_counter()
         for rows in (1, 2, 4, 8, 16, MAX_DIRECT):
             if time.perf_counter() - began > MEASURE_BUDGET_S:  # a large model: keep what was shown
                 break
@@ -142,13 +163,14 @@ class CpuDecode:
             for _ in range(3):
                 for mode, direct in enumerate((rows, 0)):
                     times[mode].append(forward(direct))
+            measured[rows] = (min(times[0]), min(times[1]))
             logger.debug("C forward: %d rows, own matmuls %.1f ms, OpenBLAS's %.1f ms", rows,
-                         min(times[0]) * 1e3, min(times[1]) * 1e3)  # fmt: skip
-            if min(times[0]) > min(times[1]):
+                         measured[rows][0] * 1e3, measured[rows][1] * 1e3)  # fmt: skip
+            if rows > 1 and measured[rows][0] > measured[rows][1] * (1 + DIRECT_TIE):
                 break
-            best = rows
-        logger.info("C forward: its own matmuls up to %d rows, OpenBLAS's past that", best)
-        return best
+        lowest, best = pick_direct_rows(measured)
+        logger.info("C forward: its own matmuls from %d to %d rows, OpenBLAS's for the others", lowest, best)
+        return lowest, best
 
     def scratch_forward(self, rows: int) -> Callable[[int], float]:
         """A timer of whole forwards of `rows` rows on scratch pools (one block per row, each row at
@@ -161,13 +183,14 @@ class CpuDecode:
         tables, last = np.arange(rows, dtype=np.int32)[:, None], np.array([rows - 1], dtype=np.int32)
 
         def forward(direct_rows: int) -> float:
-            kept, self.direct_rows = self.direct_rows, direct_rows
+            kept = self.direct_min, self.direct_rows
+            self.direct_min, self.direct_rows = 1, direct_rows
             try:
                 start = time.perf_counter()
                 self(tokens, positions, tables, pools, rows, last)
                 return time.perf_counter() - start
             finally:
-                self.direct_rows = kept
+                self.direct_min, self.direct_rows = kept
 
         return forward
 

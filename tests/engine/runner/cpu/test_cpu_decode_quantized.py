@@ -118,7 +118,7 @@ def test_rows_of_one_sequence_in_one_call_equal_one_call_per_row(dtype):
     # which sum a row alike at 1 and 3 rows. The load-time measurement may pick OpenBLAS's for either
     # count, and its sgemv and sgemm (at 1 and 3 rows, on some of its cores) sum in different orders.
     for side in (decode, single):
-        side.direct_rows = cpu_decode.MAX_DIRECT
+        side.direct_min, side.direct_rows = 1, cpu_decode.MAX_DIRECT
     positions = [len(prompt) + i for i in range(len(drafts))]  # 6, 7, 8: across a block boundary
     joint = np.array(decode.step(mx.array(drafts), positions, [table] * len(drafts)))
     one_by_one = [np.array(single.step(mx.array([t]), [p], [table]))[0] for t, p in zip(drafts, positions)]

@@ -70,7 +70,11 @@ def test_both_matmul_paths_equal_mlxs_quantized_matmul(bits, group, hidden, widt
 def test_a_chunk_as_rows_of_one_sequence_gives_mlxs_logits(tied):
     model = quantized_llama(4, 32, 64, 96, tied=tied)
     decode = built(model)
-    assert decode.serves_chunks and 0 <= decode.direct_rows <= cpu_decode.MAX_DIRECT
+    assert (
+        decode.serves_chunks
+        and 0 <= decode.direct_rows <= cpu_decode.MAX_DIRECT
+        and decode.direct_min in (1, 2)
+    )
     storage = tiny_storage(model, block_size=4)
     tokens = [5, 9, 2, 7, 7, 1, 30, 12, 4]  # three blocks, the last one partly filled
     pools = [np.zeros(p.shape, np.float32) for p in CpuDecode.pool_arrays(storage)]
@@ -135,3 +139,20 @@ def test_the_portable_loops_a_cpu_without_avx2_runs_agree_too(monkeypatch):
     test_both_matmul_paths_equal_mlxs_quantized_matmul(8, 64, 128, 192)
     test_both_matmul_paths_equal_mlxs_quantized_matmul(0, 0, 64, 100)
     test_a_chunk_as_rows_of_one_sequence_gives_mlxs_logits(tied=True)
+
+
+@pytest.mark.parametrize(
+    "measured, expected",
+    [
+        # One row a near tie (memory-bound in both modes), 16 rows a clear win: the own matmuls to 16.
+        ({1: (12.4, 12.3), 2: (13.0, 14.0), 16: (25.9, 36.1), 32: (60.0, 50.0)}, (2, 16)),
+        ({1: (12.0, 12.3), 2: (13.0, 14.0), 16: (25.9, 36.1), 32: (60.0, 50.0)}, (1, 16)),
+        # sgemv 10% faster at one row, the own tiles faster from 2 rows on: one row alone to OpenBLAS.
+        ({1: (15.3, 14.0), 2: (15.0, 16.0), 4: (16.5, 16.0), 8: (18.0, 25.0)}, (2, 8)),
+        ({1: (10.0, 12.0), 2: (10.0, 9.0), 4: (5.0, 9.0)}, (1, 1)),  # 2 rows 11% slower: the walk ends
+        ({1: (14.0, 12.0), 2: (20.0, 15.0)}, (1, 0)),  # OpenBLAS's for every count
+        ({1: (12.1, 12.0)}, (1, 0)),
+    ],
+)
+def test_direct_rows_are_where_the_own_matmuls_win_past_near_ties(measured, expected):
+    assert cpu_decode.pick_direct_rows(measured) == expected
