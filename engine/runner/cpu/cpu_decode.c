@@ -185,26 +185,63 @@ static inline void unpack32(const uint8_t *row, int bits, int at, float *w) {
 static void weight_row(mat_t m, int o, int in, float *out);
 
 #ifdef SIMD_AVX2
-static inline __m256 widen8(__m128i bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)); }
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
 
-/* unpack32 into four vectors of eight. */
-static inline void unpack32_avx2(const uint8_t *row, int bits, int at, __m256 f[4]) {
+/* The float vector of the own matmuls: 16 wide with AVX-512 (Zen 5 and Intel's server cores run 512-bit
+   FMAs at full rate; Zen 4 as two 256-bit halves), else 8. */
+#ifdef SIMD_AVX512
+typedef __m512 fvec;
+#define FV_WIDTH 16
+#define fv_zero _mm512_setzero_ps
+#define fv_load _mm512_loadu_ps
+#define fv_store _mm512_storeu_ps
+#define fv_set1 _mm512_set1_ps
+#define fv_mul _mm512_mul_ps
+#define fv_add _mm512_add_ps
+#define fv_fma _mm512_fmadd_ps
+#define fv_hsum _mm512_reduce_add_ps
+#define FV_HOLD(v) __asm__("" : "+v"(v))
+static inline fvec fv_widen(__m128i bytes) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes)); }
+#else
+typedef __m256 fvec;
+#define FV_WIDTH 8
+#define fv_zero _mm256_setzero_ps
+#define fv_load _mm256_loadu_ps
+#define fv_store _mm256_storeu_ps
+#define fv_set1 _mm256_set1_ps
+#define fv_mul _mm256_mul_ps
+#define fv_add _mm256_add_ps
+#define fv_fma _mm256_fmadd_ps
+#define fv_hsum hsum8
+#define FV_HOLD(v) __asm__("" : "+x"(v))
+static inline fvec fv_widen(__m128i bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)); }
+#endif
+#define FV_PER32 (32 / FV_WIDTH) /* vectors per 32 codes */
+
+/* unpack32 into FV_PER32 vectors: codes 0-15 (or 0-7) of them in the first, and so on. */
+static inline void unpack32_v(const uint8_t *row, int bits, int at, fvec f[FV_PER32]) {
     const uint8_t *c = row + (size_t)at * bits / 8;
-    if (bits == 8) {
-        for (int k = 0; k < 4; k++) f[k] = widen8(_mm_loadl_epi64((const __m128i *)(c + 8 * k)));
+    if (bits == 8) { /* FV_WIDTH bytes a vector: no load past the 32 codes */
+#ifdef SIMD_AVX512
+        for (int k = 0; k < FV_PER32; k++) f[k] = fv_widen(_mm_loadu_si128((const __m128i *)(c + 16 * k)));
+#else
+        for (int k = 0; k < FV_PER32; k++) f[k] = fv_widen(_mm_loadl_epi64((const __m128i *)(c + 8 * k)));
+#endif
         return;
     }
     const __m128i v = _mm_loadu_si128((const __m128i *)c), low = _mm_set1_epi8(15);
     const __m128i lo = _mm_and_si128(v, low), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low);
     const __m128i first = _mm_unpacklo_epi8(lo, hi), second = _mm_unpackhi_epi8(lo, hi);
-    f[0] = widen8(first), f[1] = widen8(_mm_srli_si128(first, 8));
-    f[2] = widen8(second), f[3] = widen8(_mm_srli_si128(second, 8));
-}
-
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+#ifdef SIMD_AVX512
+    f[0] = fv_widen(first), f[1] = fv_widen(second);
+#else
+    f[0] = fv_widen(first), f[1] = fv_widen(_mm_srli_si128(first, 8));
+    f[2] = fv_widen(second), f[3] = fv_widen(_mm_srli_si128(second, 8));
+#endif
 }
 #endif
 
@@ -219,10 +256,10 @@ static void weight_row(mat_t m, int o, int in, float *out) {
         float s = m.s[(size_t)o * groups + g], b = m.b[(size_t)o * groups + g];
         for (int at = g * m.group; at < (g + 1) * m.group; at += 32) {
 #ifdef SIMD_AVX2
-            __m256 f[4];
-            const __m256 vs = _mm256_set1_ps(s), vb = _mm256_set1_ps(b);
-            unpack32_avx2(row, m.bits, at, f);
-            for (int k = 0; k < 4; k++) _mm256_storeu_ps(out + at + 8 * k, _mm256_fmadd_ps(f[k], vs, vb));
+            fvec f[FV_PER32];
+            const fvec vs = fv_set1(s), vb = fv_set1(b);
+            unpack32_v(row, m.bits, at, f);
+            for (int k = 0; k < FV_PER32; k++) fv_store(out + at + FV_WIDTH * k, fv_fma(f[k], vs, vb));
 #else
             unpack32(row, m.bits, at, out + at);
             for (int j = 0; j < 32; j++) out[at + j] = out[at + j] * s + b;
@@ -238,27 +275,24 @@ static void weight_row(mat_t m, int o, int in, float *out) {
     static void qrows_##R(const uint8_t *row, const float *sc, const float *bi, mat_t m, int in,           \
                           const float *x, const float *xsum, float *y, int out) {                          \
         const int groups = in / m.group;                                                                  \
-        __m256 acc[R][2], f[4];                                                                            \
+        fvec acc[R][2], f[FV_PER32];                                                                       \
         float shift[R];                                                                                    \
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps(),    \
-                                                           shift[r] = 0.f;                                 \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = fv_zero(), shift[r] = 0.f; \
         for (int g = 0; g < groups; g++) {                                                                \
-            const __m256 s = _mm256_set1_ps(sc[g]);                                                        \
+            const fvec s = fv_set1(sc[g]);                                                                 \
             for (int at = g * m.group; at < (g + 1) * m.group; at += 32) {                                \
-                unpack32_avx2(row, m.bits, at, f);                                                         \
-                _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) f[k] = _mm256_mul_ps(f[k], s);         \
+                unpack32_v(row, m.bits, at, f);                                                            \
+                _Pragma("GCC unroll 4") for (int k = 0; k < FV_PER32; k++) f[k] = fv_mul(f[k], s);         \
                 _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                      \
                     const float *xr = x + (size_t)r * in + at;                                             \
-                    acc[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xr), f[0], acc[r][0]);                     \
-                    acc[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 8), f[1], acc[r][1]);                 \
-                    acc[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 16), f[2], acc[r][0]);                \
-                    acc[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 24), f[3], acc[r][1]);                \
+                    _Pragma("GCC unroll 4") for (int k = 0; k < FV_PER32; k++)                             \
+                        acc[r][k & 1] = fv_fma(fv_load(xr + FV_WIDTH * k), f[k], acc[r][k & 1]);           \
                 }                                                                                          \
             }                                                                                              \
             _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) shift[r] += bi[g] * xsum[(size_t)r * groups + g]; \
         }                                                                                                  \
         _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) y[(size_t)r * out] =                           \
-            hsum8(_mm256_add_ps(acc[r][0], acc[r][1])) + shift[r];                                         \
+            fv_hsum(fv_add(acc[r][0], acc[r][1])) + shift[r];                                              \
     }
 DEFINE_QROWS(1)
 DEFINE_QROWS(2)
@@ -271,24 +305,7 @@ DEFINE_QROWS(4)
    busy). The empty asm statements hold the loaded vectors in registers: GCC would otherwise fold a
    load into every FMA. `ahead` > 0 prefetches the weights that many floats on (the next tile's), which
    the forward streams from memory faster than the hardware prefetcher alone brings them. With AVX-512
-   the vectors are 16 floats wide: the same tile, half the instructions. */
-#ifdef SIMD_AVX512
-typedef __m512 fvec;
-#define FV_WIDTH 16
-#define fv_zero _mm512_setzero_ps
-#define fv_load _mm512_loadu_ps
-#define fv_fma _mm512_fmadd_ps
-#define fv_hsum _mm512_reduce_add_ps
-#define FV_HOLD(v) __asm__("" : "+v"(v))
-#else
-typedef __m256 fvec;
-#define FV_WIDTH 8
-#define fv_zero _mm256_setzero_ps
-#define fv_load _mm256_loadu_ps
-#define fv_fma _mm256_fmadd_ps
-#define fv_hsum hsum8
-#define FV_HOLD(v) __asm__("" : "+x"(v))
-#endif
+   the vectors are 16 floats wide (fvec): the same tile, half the instructions. */
 #define DEFINE_FTILE(R, C)                                                                                 \
     static void ftile_##R##_##C(const float *w, int in, const float *x, float *y, int out, int ahead) {    \
         fvec acc[R][C];                                                                                    \
@@ -370,6 +387,7 @@ typedef struct {
 } direct_job_t;
 
 #define CHANNELS 24 /* output channels per item of a direct matmul (a multiple of FT_CHANNELS) */
+#define Q_AHEAD 2 /* a quantized channel prefetches the one this many channels on */
 
 static void direct_item(void *ctx, int item, int worker) {
     (void)worker;
@@ -399,6 +417,14 @@ static void direct_item(void *ctx, int item, int worker) {
         const uint8_t *row = (const uint8_t *)m.w + o * row_bytes;
         const float *sc = m.s + (size_t)o * groups, *bi = m.b + (size_t)o * groups;
 #ifdef SIMD_AVX2
+        if (o + Q_AHEAD < last) { /* a channel's codes, scales and biases are three streams */
+            const uint8_t *next = row + Q_AHEAD * row_bytes;
+            for (size_t at = 0; at < row_bytes; at += 64) _mm_prefetch((const char *)(next + at), _MM_HINT_T0);
+            for (int g = 0; g < groups; g += 16) {
+                _mm_prefetch((const char *)(sc + Q_AHEAD * groups + g), _MM_HINT_T0);
+                _mm_prefetch((const char *)(bi + Q_AHEAD * groups + g), _MM_HINT_T0);
+            }
+        }
         for (int r0 = 0; r0 < rows; r0 += 4) {
             const float *xr = x + (size_t)r0 * in, *xs = xsum + (size_t)r0 * groups;
             float *yr = y + (size_t)r0 * out + o;
