@@ -26,7 +26,7 @@ import dataclasses
 import json
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX on CPU-only machines)
@@ -38,6 +38,7 @@ import mlx.core as mx
 
 from bench.gpu import GREEDY, SAMPLED, SAMPLED_EVERY, device_name, table
 from bench.gpu_models import build_model_dir, parse_shapes
+from bench.part_timer import PartTimer
 
 PROMPT_LEN = 32
 
@@ -57,29 +58,16 @@ PARTS = {
 }
 
 
-def _timed(f: Callable[..., Any], spent: dict[str, float], part: str) -> Callable[..., Any]:
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return f(*args, **kwargs)
-        finally:
-            spent[part] += time.perf_counter() - start
-
-    return timed
-
-
 @contextlib.contextmanager
 def timed_parts(llm: LLMEngine) -> Iterator[dict[str, float]]:
-    """Seconds spent in each of PARTS while the block runs (instance attributes shadow the methods)."""
-    spent = dict.fromkeys(PARTS, 0.0)
-    owners = [(llm if attr is None else getattr(llm, attr), method) for attr, method in PARTS.values()]
-    for part, (owner, method) in zip(PARTS, owners):
-        setattr(owner, method, _timed(getattr(owner, method), spent, part))
+    """Seconds spent in each of PARTS while the block runs."""
+    timer = PartTimer(PARTS)
+    for part, (attr, method) in PARTS.items():
+        timer.wrap(llm if attr is None else getattr(llm, attr), method, part)
     try:
-        yield spent
+        yield timer.spent
     finally:
-        for owner, method in owners:
-            delattr(owner, method)
+        timer.unwrap()
 
 
 def engine_steps(

@@ -35,8 +35,6 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
-from typing import Any
 
 import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
 from engine.config import EngineConfig
@@ -47,35 +45,14 @@ import yaml
 
 from bench import serve_load, serve_proc, serve_report
 from bench.engine import prompts
+from bench.part_timer import PartTimer
 
 PARTS = ("schedule", "forward", "sample", "output")
 
 
-class PartTimer:
-    """Accumulates the wall time spent in wrapped methods during one step."""
-
-    def __init__(self) -> None:
-        self.spent = dict.fromkeys(PARTS, 0.0)
-
-    def wrap(self, owner: Any, method: str, part: str) -> None:
-        original: Callable[..., Any] = getattr(owner, method)
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                self.spent[part] += time.perf_counter() - start
-
-        setattr(owner, method, timed)
-
-    def reset(self) -> None:
-        self.spent = dict.fromkeys(PARTS, 0.0)
-
-
 def engine_breakdown(model: str, max_tokens: int, rounds: int) -> dict:
     llm = LLMEngine(EngineConfig(model=model))
-    timer = PartTimer()
+    timer = PartTimer(PARTS)
     timer.wrap(llm.scheduler, "schedule", "schedule")
     timer.wrap(llm.runner, "execute", "forward")
     timer.wrap(llm.sampler, "on_host", "sample")
