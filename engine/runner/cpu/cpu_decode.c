@@ -32,8 +32,7 @@
 #include <immintrin.h>
 #define SIMD_AVX2 1
 #if defined(__AVX512F__)
-#define SIMD_AVX512 1 /* the float tiles go 16 floats wide (Zen 5 and Intel's server cores run 512-bit FMAs
-                         at full rate; Zen 4 at half, as two 256-bit halves) */
+#define SIMD_AVX512 1 /* the own matmuls' vectors (fvec) go 16 floats wide */
 #endif
 #endif
 

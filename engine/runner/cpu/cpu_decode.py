@@ -89,6 +89,10 @@ MEASURE_BUDGET_S = 5.0
 DIRECT_TIE = 0.05
 
 
+def _clearly_slower(own: float, blas: float) -> bool:
+    return own > blas * (1 + DIRECT_TIE)
+
+
 def pick_direct_rows(measured: dict[int, tuple[float, float]]) -> tuple[int, int]:
     """From (own, OpenBLAS) forward seconds at each row count: (direct_min, direct_rows), the row counts
     whose matmuls are the kernel's own. One row is memory-bound in both modes and decided alone: sgemv
@@ -99,7 +103,7 @@ def pick_direct_rows(measured: dict[int, tuple[float, float]]) -> tuple[int, int
     best = 1 if one else 0
     for rows in sorted(r for r in measured if r > 1):
         own, blas = measured[rows]
-        if own > blas * (1 + DIRECT_TIE):
+        if _clearly_slower(own, blas):
             break
         if own <= blas:
             best = rows
@@ -166,7 +170,7 @@ class CpuDecode:
             measured[rows] = (min(times[0]), min(times[1]))
             logger.debug("C forward: %d rows, own matmuls %.1f ms, OpenBLAS's %.1f ms", rows,
                          measured[rows][0] * 1e3, measured[rows][1] * 1e3)  # fmt: skip
-            if rows > 1 and measured[rows][0] > measured[rows][1] * (1 + DIRECT_TIE):
+            if rows > 1 and _clearly_slower(*measured[rows]):  # pick_direct_rows stops there too
                 break
         lowest, best = pick_direct_rows(measured)
         logger.info("C forward: its own matmuls from %d to %d rows, OpenBLAS's for the others", lowest, best)
