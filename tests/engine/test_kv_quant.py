@@ -8,7 +8,7 @@ import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
 from engine.config import EngineConfig
 from engine.kv_budget import num_blocks
 from engine.llm_engine import LLMEngine
-from engine.messages import GenerateRequest
+from engine.messages import GenerateRequest, SamplingParams
 from engine.runner.kv_storage import KVStorage, LayerShape
 from engine.runner.paged_attention import PagedLayerCache, StepLayout
 
@@ -43,6 +43,7 @@ TEXT = (
     "A compiler translates source code into machine code that a processor can run."
 )
 BUDGET = 64 << 20
+NEAR_TIE = 0.01  # nats between the two best tokens
 
 
 def _engine(dtype: str, **overrides) -> LLMEngine:
@@ -65,12 +66,27 @@ def engines(llm: LLMEngine) -> dict[str, LLMEngine]:
 
 
 @pytest.fixture(scope="module")
-def outputs(engines) -> dict[str, list[list[int]]]:
-    # The MLX path is the slow one: it decodes the first half of the prompts, enough to compare.
-    return {
-        name: _greedy_outputs(llm, PROMPTS[:4] if name == "int8 mlx" else PROMPTS)
-        for name, llm in engines.items()
-    }
+def gather_int8(engines) -> list[list[tuple[int, float]]]:
+    """MLX's gather path over int8 pools (the slow one: the first half of the prompts, enough to compare):
+    per prompt, each greedy token with its margin over the runner-up, in nats."""
+    llm = engines["int8 mlx"]
+    params = SamplingParams(max_tokens=NUM_TOKENS, temperature=0.0, logprobs=2)
+    requests = [GenerateRequest(f"p{i}", chat_ids(llm, p), params) for i, p in enumerate(PROMPTS[:4])]
+    outputs = run_to_completion(llm, {0: requests})
+    return [
+        [
+            (t, lp.top[0][1] - lp.top[1][1])
+            for o in outputs[f"p{i}"]
+            for t, lp in zip(o.new_token_ids, o.logprobs or [])
+        ]
+        for i in range(len(requests))
+    ]
+
+
+@pytest.fixture(scope="module")
+def outputs(engines, gather_int8) -> dict[str, list[list[int]]]:
+    mine = {name: _greedy_outputs(llm, PROMPTS) for name, llm in engines.items() if name != "int8 mlx"}
+    return {**mine, "int8 mlx": [[t for t, _ in steps] for steps in gather_int8]}
 
 
 def _greedy_outputs(llm: LLMEngine, prompts: list[str]) -> list[list[int]]:
@@ -154,9 +170,20 @@ def test_the_c_forward_serves_quantized_pools_and_window_attention_steps_aside(e
     assert engines["int8 mlx"].runner.choice.names["decode"] == "mlx"
 
 
-def test_int8_decode_in_c_gives_the_gather_paths_greedy_output(outputs):
-    # Both read the same encoding through the same slots; they differ only in summation order.
-    assert outputs["int8"][:4] == outputs["int8 mlx"]
+def test_int8_decode_in_c_gives_the_gather_paths_greedy_output(outputs, gather_int8):
+    # Both read the same encoding through the same slots and differ only in summation order; but an
+    # element within float noise of a rounding boundary may take a neighbouring code in one path only,
+    # moving later logits by ~1e-3 of the largest. So the outputs may part only where the gather path's
+    # two best tokens were that close (measured: 0.0009 nats, one prompt of four, OPENBLAS_CORETYPE=PRESCOTT).
+    identical = 0
+    for mine, steps in zip(outputs["int8"], gather_int8):
+        n = _agreement(mine, [t for t, _ in steps])
+        identical += n == len(steps) == len(mine)
+        if n < min(len(mine), len(steps)):
+            assert steps[n][1] < NEAR_TIE, (
+                f"parted at token {n}, where the gather path's margin was {steps[n][1]:.4f}"
+            )
+    assert identical >= 3
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int4"])

@@ -148,3 +148,23 @@ def test_a_quantized_build_that_disagrees_with_mlx_is_not_used(monkeypatch):
     assert build(model, quantized(model, "int4"))[1] == (
         "its logits differ from MLX's gather path over int4 pools on the load probe"
     )
+
+
+def test_a_quantized_build_that_writes_the_wrong_kv_is_not_used(monkeypatch):
+    # The probe's logits bar allows a neighbouring code's worth of difference; the K/V each step writes
+    # are checked on their own. Here the kernel's logits are its own, but the scales it leaves behind
+    # are tripled: every nonzero code dequantizes more than one code step away from MLX's.
+    model = tiny_llama(**SHAPES["hd32"])
+    original = CpuDecode.__call__
+
+    def tripled_scales(self, tokens, positions, tables, pools, *rest):
+        logits = original(self, tokens, positions, tables, pools, *rest)
+        for scales in pools[1::3]:
+            for row, pos in enumerate(positions):
+                scales[:, tables[row, pos // BLOCK], pos % BLOCK] *= 3
+        return logits
+
+    monkeypatch.setattr(CpuDecode, "__call__", tripled_scales)
+    assert build(model, quantized(model, "int8"))[1] == (
+        "the int8 K/V it writes differ from MLX's gather path's on the load probe"
+    )
