@@ -132,13 +132,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--tiny", action="store_true", help="2-layer models: a quick smoke run on a CPU")
     parser.add_argument("--out", default="bench/results/gpu_step.json")
+    parser.add_argument("--model-dir", help="a model directory built for --shape already (bench/gpu_env.py)")
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        build_model_dir(Path(tmp), parse_shapes(args.shape, args.tiny)[0])
+        model_dir = args.model_dir or tmp
+        if not args.model_dir:
+            build_model_dir(Path(tmp), parse_shapes(args.shape, args.tiny)[0])
         config = EngineConfig(
-            model=tmp, kv_cache_memory_bytes=(256 << 20) if args.tiny else (8 << 30),
+            model=model_dir, kv_cache_memory_bytes=(256 << 20) if args.tiny else (8 << 30),
             max_num_batched_tokens=2048, max_num_seqs=max(batches), enable_prefix_caching=False,
         )  # fmt: skip
         llm = LLMEngine(config)

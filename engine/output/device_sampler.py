@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from engine.core.request import Request
 from engine.messages import TokenLogprob
 from engine.output.device_filters import draw_random, take_rows, top_n
+from engine.output.draw_kernel import Draw, applies, row_params
 from engine.output.sampler import (
     _F32_MAX,
     GREEDY_TEMPERATURE,
@@ -79,12 +80,20 @@ def joins_pipeline(request: Request) -> bool:
     return request.params.structured is None and not _has_penalty(request.params)
 
 
-def sample_on_device(logits: mx.array, rows: list[SamplingRow], uniforms: np.ndarray) -> DeviceSample:
+def sample_on_device(
+    logits: mx.array, rows: list[SamplingRow], uniforms: np.ndarray, draw: Draw | None = None
+) -> DeviceSample:
     """Samples one token per row of (B, vocab) `logits`; `uniforms` (B,) from `Sampler.uniforms(rows)`.
-    Builds the graph only: nothing is evaluated."""
+    With `draw` (a checked CUDA kernel, engine/output/draw_kernel.py), a batch that draws any row and
+    sets no top_k chooses every row's token in it. Builds the graph only: nothing is evaluated."""
     assert logits.ndim == 2 and logits.shape[0] == len(rows) == len(uniforms), (logits.shape, len(rows))
     raw = _apply_allowed_masks(logits.astype(mx.float32), rows)
-    token_ids = _choose(_edit_logits(raw, rows), rows, uniforms)
+    edited = _edit_logits(raw, rows)
+    drawing = any(row.params.temperature >= GREEDY_TEMPERATURE for row in rows)
+    if draw is not None and drawing and applies(rows, logits.shape[1]):
+        token_ids = draw(edited, row_params(rows, uniforms))
+    else:
+        token_ids = _choose(edited, rows, uniforms)
     return DeviceSample(token_ids, _logprobs(raw, rows, token_ids))
 
 

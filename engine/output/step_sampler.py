@@ -15,6 +15,7 @@ from engine.core.request import Request
 from engine.core.scheduler import ScheduledRequest
 from engine.messages import TokenLogprob
 from engine.output.device_sampler import DeviceSample, joins_pipeline, sample_on_device
+from engine.output.draw_kernel import DrawKernel
 from engine.output.sampler import Sampler, SampleResult, SamplingRow
 from engine.output.structured_output import StructuredOutputManager
 from engine.runner.model_runner import DeviceTokens, StepLogits
@@ -52,6 +53,8 @@ class StepSampler:
     ):
         self.host = Sampler(seed)  # the device path draws its uniforms from the same RNG
         self.on_device = on_device
+        # On MLX's CUDA backend, mixed batches choose their tokens in one checked kernel.
+        self.draw = DrawKernel.for_device() if on_device else None
         self.eos_token_ids = eos_token_ids
         self.structured = structured
 
@@ -91,7 +94,7 @@ class StepSampler:
         except Exception as exc:  # noqa: BLE001  (read_now fails every row with it)
             return Launch(step, None, error=exc)
         try:
-            sample = sample_on_device(step.logits, rows, self.host.uniforms(rows))
+            sample = sample_on_device(step.logits, rows, self.host.uniforms(rows), self.draw)
             mx.async_eval(*sample.arrays())
         except Exception as exc:  # read_now samples the rows one by one
             logger.exception("batched device sampling failed; sampling row by row so only the bad rows fail")
@@ -143,7 +146,7 @@ class StepSampler:
 
     def _sample_one(self, logits: mx.array, row: SamplingRow) -> SampleResult:
         if self.on_device:
-            return sample_on_device(logits, [row], self.host.uniforms([row])).read()
+            return sample_on_device(logits, [row], self.host.uniforms([row]), self.draw).read()
         return self.host.sample(logits, [row])
 
 

@@ -8,6 +8,7 @@ import engine  # noqa: F401  (loads OpenBLAS; must run before anything imports m
 from engine.messages import SamplingParams
 from engine.output.device_sampler import sample_on_device
 from engine.output.distribution import edited_logits, probabilities
+from engine.output.draw_kernel import Draw, mirror
 from engine.output.sampler import LOGPROB_FLOOR, Sampler, SamplingRow
 
 import mlx.core as mx
@@ -31,9 +32,25 @@ def _logits(num_rows: int, vocab: int = VOCAB, seed: int = 0, scale: float = 2.0
     return (np.random.default_rng(seed).standard_normal((num_rows, vocab)) * scale).astype(np.float32)
 
 
+# Every test runs twice: tokens chosen by MLX operations, and by the CUDA draw kernel's arithmetic (its
+# NumPy mirror, engine/output/draw_kernel.py), which serves mixed batches without top_k on a GPU.
+_DRAW: list[Draw | None] = [None]
+
+
+def _mirror(logits: mx.array, params: np.ndarray) -> mx.array:
+    return mx.array(mirror(np.asarray(logits), params))
+
+
+@pytest.fixture(params=["mlx operations", "draw kernel mirror"], autouse=True)
+def draw_path(request):
+    _DRAW[0] = _mirror if request.param == "draw kernel mirror" else None
+    yield
+    _DRAW[0] = None
+
+
 def _device(logits: np.ndarray, rows: list[SamplingRow], uniforms: np.ndarray | None = None):
     uniforms = Sampler(0).uniforms(rows) if uniforms is None else uniforms
-    return sample_on_device(mx.array(logits), rows, uniforms).read()
+    return sample_on_device(mx.array(logits), rows, uniforms, _DRAW[0]).read()
 
 
 DISTRIBUTIONS = {
