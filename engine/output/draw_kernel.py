@@ -17,7 +17,7 @@ The arithmetic, per row (weights w = exp((x - max) * inv_temp), so the best toke
 - top_p's cut-off is the smallest weight c with mass(w > c) < P <= mass(w >= c), P = top_p * total:
   the tokens a descending sort would keep while the mass ranked above them is below P, ties at the
   cut-off all kept, as `_rank_cut`. It is found by radix select over the weights' float bit patterns
-  (monotone for w >= 0), 8 bits a pass, each pass a histogram of mass;
+  (monotone for w >= 0), 4 bits a pass, each pass a histogram of mass;
 - min_p keeps w >= min_p;
 - the draw takes the first token in vocabulary order whose running kept mass exceeds u * kept mass.
 The MLX operations compute the same in float32, so the two can part only where float rounding moves a
@@ -60,7 +60,8 @@ _SOURCE = """
     const float u = params[row * 4 + 3];
     __shared__ float s_best[W];
     __shared__ int s_arg[W];
-    __shared__ unsigned long long hist[256];
+    __shared__ unsigned long long hist[16];
+    __shared__ unsigned long long s_digits[W][16];
     __shared__ unsigned long long s_warp[W];
     __shared__ unsigned int s_prefix;
     __shared__ unsigned long long s_above;
@@ -92,46 +93,50 @@ _SOURCE = """
         return;
     }
 
-    // top_p's cut-off by radix select over the weights' bit patterns, 8 bits a pass.
+    // top_p's cut-off by radix select over the weights' bit patterns, 4 bits a pass: each thread sums its
+    // tokens' masses per digit in registers, then the block adds them up (integers: in any order, the
+    // same sums). No shared atomics: a few bins take most of the row, and atomics would queue on them.
     unsigned int cut = 0;
     if (top_p < 1.0f) {
-        if (tid == 0) { s_prefix = 0; s_above = 0; }
-        for (int shift = 24; shift >= 0; shift -= 8) {
-            for (int i = tid; i < 256; i += THREADS) hist[i] = 0;
+        unsigned int prefix = 0;
+        for (int shift = 28; shift >= 0; shift -= 4) {
+            const unsigned int high = shift == 28 ? 0u : 0xFFFFFFFFu << (shift + 4);
+            unsigned long long acc[16];
+            #pragma unroll
+            for (int d = 0; d < 16; ++d) acc[d] = 0;
+            for (int i = tid; i < V; i += THREADS) {
+                const float w = expf((x[i] - best) * inv_t);
+                const unsigned int bits = __float_as_uint(w);
+                if ((bits & high) == prefix) {
+                    const unsigned long long m = (unsigned long long)(w * FIXED);
+                    const unsigned int digit = (bits >> shift) & 15u;
+                    #pragma unroll
+                    for (int d = 0; d < 16; ++d) acc[d] += digit == (unsigned int)d ? m : 0ull;
+                }
+            }
+            #pragma unroll
+            for (int d = 0; d < 16; ++d) {
+                unsigned long long v = acc[d];
+                for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffff, v, off);
+                if (lane == 0) s_digits[warp][d] = v;
+            }
             __syncthreads();
-            const unsigned int prefix = s_prefix;
-            for (int base = 0; base < V; base += THREADS) {
-                // Lanes of a warp that hit the same bin add their masses first (in two 20-bit halves,
-                // which 32 lanes cannot overflow), and one of them adds the sum: a few bins take most of
-                // the row, and one shared atomic per element would queue on them.
-                const int i = base + tid;
-                unsigned int bin = 256u;
-                unsigned long long m = 0;
-                if (i < V) {
-                    const float w = expf((x[i] - best) * inv_t);
-                    const unsigned int bits = __float_as_uint(w);
-                    m = (unsigned long long)(w * FIXED);
-                    if (m && (shift == 24 || (bits >> (shift + 8)) == (prefix >> (shift + 8)))) {
-                        bin = (bits >> shift) & 255u;
-                    }
-                }
-                const unsigned int group = __match_any_sync(0xffffffff, bin);
-                const unsigned int lo = __reduce_add_sync(group, (unsigned int)(m & 0xFFFFFull));
-                const unsigned int hi = __reduce_add_sync(group, (unsigned int)(m >> 20));
-                if (bin < 256u && lane == __ffs(group) - 1) {
-                    atomicAdd(&hist[bin], ((unsigned long long)hi << 20) + lo);
-                }
+            if (tid < 16) {
+                unsigned long long v = 0;
+                for (int w = 0; w < W; ++w) v += s_digits[w][tid];
+                hist[tid] = v;
             }
             __syncthreads();
             if (tid == 0) {
-                if (shift == 24) {
+                if (shift == 28) {
                     unsigned long long total = 0;
-                    for (int d = 0; d < 256; ++d) total += hist[d];
+                    for (int d = 0; d < 16; ++d) total += hist[d];
                     unsigned long long p = (unsigned long long)((double)top_p * (double)total);
                     s_p = p ? p : 1ull;  // the best token always stays
+                    s_above = 0;
                 }
                 unsigned long long cum = s_above;
-                int d = 255;
+                int d = 15;
                 for (; d > 0; --d) {
                     if (cum + hist[d] >= s_p) break;
                     cum += hist[d];
@@ -140,28 +145,25 @@ _SOURCE = """
                 s_prefix = prefix | ((unsigned int)d << shift);
             }
             __syncthreads();
+            prefix = s_prefix;
         }
-        cut = s_prefix;
+        cut = prefix;
     }
 
-    // Kept mass per contiguous chunk, an exclusive scan over the chunks, then the chunk holding the
-    // target walks its tokens in order.
-    const int chunk = (V + THREADS - 1) / THREADS;
-    const int lo = min(V, tid * chunk), hi = min(V, lo + chunk);
+    // Kept mass per warp: warp w takes tokens [w * seg, (w + 1) * seg), its lanes 32 apart (coalesced);
+    // an exclusive sum over the warps, then the warp holding the target walks its tokens 32 at a time.
+    const int seg = (V + W - 1) / W;
+    const int lo = min(V, warp * seg), hi = min(V, lo + seg);
     unsigned long long mine = 0;
-    for (int i = lo; i < hi; ++i) {
+    for (int i = lo + lane; i < hi; i += 32) {
         const float w = expf((x[i] - best) * inv_t);
         if (__float_as_uint(w) >= cut && w >= min_p) mine += (unsigned long long)(w * FIXED);
     }
-    unsigned long long incl = mine;
-    for (int off = 1; off < 32; off *= 2) {
-        const unsigned long long o = __shfl_up_sync(0xffffffff, incl, off);
-        if (lane >= off) incl += o;
-    }
-    if (lane == 31) s_warp[warp] = incl;
+    for (int off = 16; off > 0; off /= 2) mine += __shfl_xor_sync(0xffffffff, mine, off);
+    if (lane == 0) s_warp[warp] = mine;
     if (tid == 0) s_choice = -1;
     __syncthreads();
-    unsigned long long before = incl - mine, kept = 0;
+    unsigned long long before = 0, kept = 0;
     for (int w = 0; w < W; ++w) {
         if (w < warp) before += s_warp[w];
         kept += s_warp[w];
@@ -170,12 +172,24 @@ _SOURCE = """
     if (target >= kept) target = kept - 1;
     if (mine && before <= target && target < before + mine) {
         unsigned long long acc = before;
-        for (int i = lo; i < hi; ++i) {
-            const float w = expf((x[i] - best) * inv_t);
-            if (__float_as_uint(w) >= cut && w >= min_p) {
-                acc += (unsigned long long)(w * FIXED);
-                if (acc > target) { s_choice = i; break; }
+        for (int base = lo; base < hi; base += 32) {
+            const int i = base + lane;
+            unsigned long long m = 0;
+            if (i < hi) {
+                const float w = expf((x[i] - best) * inv_t);
+                if (__float_as_uint(w) >= cut && w >= min_p) m = (unsigned long long)(w * FIXED);
             }
+            unsigned long long incl = m;
+            for (int off = 1; off < 32; off *= 2) {
+                const unsigned long long o = __shfl_up_sync(0xffffffff, incl, off);
+                if (lane >= off) incl += o;
+            }
+            const unsigned int past = __ballot_sync(0xffffffff, acc + incl > target);
+            if (past) {
+                if (lane == 0) s_choice = base + __ffs(past) - 1;
+                break;
+            }
+            acc += __shfl_sync(0xffffffff, incl, 31);
         }
     }
     __syncthreads();
