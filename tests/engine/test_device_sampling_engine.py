@@ -123,10 +123,10 @@ def test_a_row_whose_device_sampling_raises_fails_alone(device_llm, monkeypatch)
     poison = {13: 1.0}  # a logit_bias that marks the row this test breaks
     sample = step_sampler.sample_on_device
 
-    def breaking(logits, rows, uniforms):
+    def breaking(logits, rows, uniforms, *draw):
         if any(row.params.logit_bias == poison for row in rows):
             raise RuntimeError("broken row")
-        return sample(logits, rows, uniforms)
+        return sample(logits, rows, uniforms, *draw)
 
     monkeypatch.setattr(step_sampler, "sample_on_device", breaking)
     params = [
