@@ -298,6 +298,54 @@ DEFINE_QROWS(2)
 DEFINE_QROWS(3)
 DEFINE_QROWS(4)
 
+#ifdef SIMD_AVX512
+/* The same for 4-bit codes in 16-float vectors, from `xp`: x with each 32 inputs reordered as their 16
+   even then 16 odd ones (deinterleave_x), so that a vector of low nibbles and one of high nibbles each
+   meet their inputs in order. Each group's 16 values code * scale are a table, and a permute looks the
+   codes up (it reads an index's low 4 bits only: no masking), in place of converting and scaling every
+   code. table[q] = q * scale is the product the other paths form, so only the order of the sums
+   changes. */
+#define DEFINE_Q4ROWS(R)                                                                                    \
+    static void q4rows_##R(const uint8_t *row, const float *sc, const float *bi, int group, int in,       \
+                           const float *xp, const float *xsum, float *y, int out) {                        \
+        const int groups = in / group;                                                                    \
+        const __m512 codes = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);        \
+        __m512 acc[R][2];                                                                                  \
+        float shift[R];                                                                                    \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps(), shift[r] = 0.f; \
+        for (int g = 0; g < groups; g++) {                                                                \
+            const __m512 table = _mm512_mul_ps(codes, _mm512_set1_ps(sc[g]));                               \
+            for (int at = g * group; at < (g + 1) * group; at += 32) {                                    \
+                const __m128i v = _mm_loadu_si128((const __m128i *)(row + at / 2));                        \
+                const __m512 lo = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(v), table);                  \
+                const __m512 hi = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_srli_epi16(v, 4)), table); \
+                _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                      \
+                    const float *xr = xp + (size_t)r * in + at;                                            \
+                    acc[r][0] = _mm512_fmadd_ps(_mm512_loadu_ps(xr), lo, acc[r][0]);                        \
+                    acc[r][1] = _mm512_fmadd_ps(_mm512_loadu_ps(xr + 16), hi, acc[r][1]);                   \
+                }                                                                                          \
+            }                                                                                              \
+            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) shift[r] += bi[g] * xsum[(size_t)r * groups + g]; \
+        }                                                                                                  \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) y[(size_t)r * out] =                           \
+            _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1])) + shift[r];                          \
+    }
+DEFINE_Q4ROWS(1)
+DEFINE_Q4ROWS(2)
+DEFINE_Q4ROWS(3)
+DEFINE_Q4ROWS(4)
+
+/* x (rows, in) -> xp: each 32 consecutive inputs as their 16 even ones, then their 16 odd ones. */
+static void deinterleave_x(const float *x, float *xp, int rows, int in) {
+    for (int r = 0; r < rows; r++)
+        for (int at = 0; at < in; at += 32)
+            for (int k = 0; k < 16; k++) {
+                xp[(size_t)r * in + at + k] = x[(size_t)r * in + at + 2 * k];
+                xp[(size_t)r * in + at + 16 + k] = x[(size_t)r * in + at + 2 * k + 1];
+            }
+}
+#endif
+
 /* R rows times C float32 output channels (consecutive weight rows, `in` floats each): each weight vector
    is loaded once for the R rows and each row's vector once for the C channels, into R * C accumulators
    (4 x 3: twelve of AVX2's sixteen registers, enough independent FMA chains to keep both FMA units
@@ -379,7 +427,7 @@ static void float_block(const float *w, int channels, const float *x, float *y, 
    sum(x * (code * s + b)) over a group is sum(x * code * s) + b * sum(x): xsum holds each row's group
    sums of x (rows, in / group). */
 typedef struct {
-    const float *x, *xsum;
+    const float *x, *xsum, *xp; /* xp: x deinterleaved (deinterleave_x) for 4-bit codes, or NULL */
     mat_t m;
     float *y;
     int rows, out, in;
@@ -427,6 +475,18 @@ static void direct_item(void *ctx, int item, int worker) {
         for (int r0 = 0; r0 < rows; r0 += 4) {
             const float *xr = x + (size_t)r0 * in, *xs = xsum + (size_t)r0 * groups;
             float *yr = y + (size_t)r0 * out + o;
+#ifdef SIMD_AVX512
+            if (job->xp) {
+                const float *xp = job->xp + (size_t)r0 * in;
+                switch (rows - r0 < 4 ? rows - r0 : 4) {
+                case 1: q4rows_1(row, sc, bi, m.group, in, xp, xs, yr, out); break;
+                case 2: q4rows_2(row, sc, bi, m.group, in, xp, xs, yr, out); break;
+                case 3: q4rows_3(row, sc, bi, m.group, in, xp, xs, yr, out); break;
+                default: q4rows_4(row, sc, bi, m.group, in, xp, xs, yr, out);
+                }
+                continue;
+            }
+#endif
             switch (rows - r0 < 4 ? rows - r0 : 4) {
             case 1: qrows_1(row, sc, bi, m, in, xr, xs, yr, out); break;
             case 2: qrows_2(row, sc, bi, m, in, xr, xs, yr, out); break;
@@ -454,8 +514,9 @@ static void direct_item(void *ctx, int item, int worker) {
     }
 }
 
-static void qgemm_direct(const float *x, const float *xsum, mat_t m, float *y, int rows, int out, int in) {
-    direct_job_t job = {x, xsum, m, y, rows, out, in};
+static void qgemm_direct(const float *x, const float *xsum, const float *xp, mat_t m, float *y, int rows, int out,
+                         int in) {
+    direct_job_t job = {x, xsum, xp, m, y, rows, out, in};
     parallel_for((out + CHANNELS - 1) / CHANNELS, direct_item, &job);
 }
 
@@ -480,7 +541,7 @@ static void linear(mat_t w, const float *x, float *y, int rows, int out, int in,
     if (!direct(rows)) atomic_store(&pool.blas, 1); /* the helper sleeps through OpenBLAS's call */
     if (w.bits == 0) {
         if (direct(rows))
-            qgemm_direct(x, NULL, w, y, rows, out, in);
+            qgemm_direct(x, NULL, NULL, w, y, rows, out, in);
         else if (rows == 1 && g_sgemv)
             g_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.f, (const float *)w.w, in, x, 1, 0.f, y, 1);
         else
@@ -500,7 +561,14 @@ static void linear(mat_t w, const float *x, float *y, int rows, int out, int in,
             for (int j = 0; j < w.group; j++) sum += xr[j];
             sc.xsum[(size_t)r * groups + g] = sum;
         }
-    qgemm_direct(x, sc.xsum, w, y, rows, out, in);
+    const float *xp = NULL;
+#ifdef SIMD_AVX512
+    if (w.bits == 4 && rows <= 4) { /* the tile is free: direct rows never dequantize into it */
+        deinterleave_x(x, sc.tile, rows, in);
+        xp = sc.tile;
+    }
+#endif
+    qgemm_direct(x, sc.xsum, xp, w, y, rows, out, in);
 }
 
 /* Rows x of every `in` weights times one weight, for the load-time measurement of direct_rows:
