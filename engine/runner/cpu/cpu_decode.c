@@ -311,24 +311,26 @@ DEFINE_QROWS(4)
         const int groups = in / group;                                                                    \
         const __m512 codes = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);        \
         __m512 acc[R][2];                                                                                  \
-        float shift[R];                                                                                    \
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps(), shift[r] = 0.f; \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();   \
+        const uint8_t *c = row;                                                                            \
+        const float *xg = xp;                                                                              \
         for (int g = 0; g < groups; g++) {                                                                \
             const __m512 table = _mm512_mul_ps(codes, _mm512_set1_ps(sc[g]));                               \
-            for (int at = g * group; at < (g + 1) * group; at += 32) {                                    \
-                const __m128i v = _mm_loadu_si128((const __m128i *)(row + at / 2));                        \
+            for (int k = 0; k < group; k += 32, c += 16, xg += 32) {                                      \
+                const __m128i v = _mm_loadu_si128((const __m128i *)c);                                     \
                 const __m512 lo = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(v), table);                  \
                 const __m512 hi = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_srli_epi16(v, 4)), table); \
                 _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                      \
-                    const float *xr = xp + (size_t)r * in + at;                                            \
-                    acc[r][0] = _mm512_fmadd_ps(_mm512_loadu_ps(xr), lo, acc[r][0]);                        \
-                    acc[r][1] = _mm512_fmadd_ps(_mm512_loadu_ps(xr + 16), hi, acc[r][1]);                   \
+                    acc[r][0] = _mm512_fmadd_ps(_mm512_loadu_ps(xg + (size_t)r * in), lo, acc[r][0]);      \
+                    acc[r][1] = _mm512_fmadd_ps(_mm512_loadu_ps(xg + (size_t)r * in + 16), hi, acc[r][1]); \
                 }                                                                                          \
             }                                                                                              \
-            _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) shift[r] += bi[g] * xsum[(size_t)r * groups + g]; \
         }                                                                                                  \
-        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) y[(size_t)r * out] =                           \
-            _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1])) + shift[r];                          \
+        _Pragma("GCC unroll 4") for (int r = 0; r < R; r++) {                                              \
+            float shift = 0.f;                                                                             \
+            for (int g = 0; g < groups; g++) shift += bi[g] * xsum[(size_t)r * groups + g];                \
+            y[(size_t)r * out] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1])) + shift;        \
+        }                                                                                                  \
     }
 DEFINE_Q4ROWS(1)
 DEFINE_Q4ROWS(2)
