@@ -252,7 +252,7 @@ def test_a_cold_on_demand_model_starts_on_its_first_request_with_keepalives(serv
     assert [line for line in lines if line][-1] == "data: [DONE]"
     # Each of the two Ingress replicas reads Ray Serve's status once a second, so for up to a second
     # one may still say "loading" after the other says "loaded": wait for four answers in a row.
-    deadline, states = time.monotonic() + 10, []
+    deadline, states = time.monotonic() + 10, list[str]()
     while states[-4:] != ["loaded"] * 4 and time.monotonic() < deadline:
         states.append(_states(served)[TINY])
         time.sleep(0.25)
