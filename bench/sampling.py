@@ -32,7 +32,7 @@ from collections.abc import Callable
 import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
 from engine.messages import SamplingParams
 from engine.output.device_sampler import sample_on_device
-from engine.output.draw_kernel import DrawKernel, mirror, row_params
+from engine.output.draw_kernel import Draw, for_device, mirror, row_params
 from engine.output.sampler import Sampler, SamplingRow
 
 import mlx.core as mx
@@ -60,7 +60,7 @@ def time_step(sample: Callable[[mx.array], object], batch: int, vocab: int, reps
     return statistics.median(times[2:]) * 1e3
 
 
-def measure(batch: int, mix: str, vocab: int, reps: int, kernel: DrawKernel | None) -> dict:
+def measure(batch: int, mix: str, vocab: int, reps: int, kernel: Draw | None) -> dict:
     rows = [SamplingRow(MIXES[mix](i), [1, 2, 3], []) for i in range(batch)]
     host = Sampler(0)
     paths = {
@@ -75,7 +75,7 @@ def measure(batch: int, mix: str, vocab: int, reps: int, kernel: DrawKernel | No
     return out
 
 
-def kernel_against_mirror(kernel: DrawKernel, trials: int = 20, batch: int = 32) -> tuple[int, int]:
+def kernel_against_mirror(kernel: Draw, trials: int = 20, batch: int = 32) -> tuple[int, int]:
     """(rows whose token differs, rows) between the kernel and its NumPy mirror on random batches."""
     rng = np.random.default_rng(5)
     parted = 0
@@ -104,7 +104,7 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results/sampling.json")
     args = ap.parse_args()
     device = str(mx.default_device())
-    kernel = DrawKernel.for_device()
+    kernel = for_device()
     parted = kernel_against_mirror(kernel) if kernel is not None else None
     print(f"device {device}, vocab {args.vocab}, draw kernel: {'in use' if kernel else 'not on this device'}")
     if parted is not None:

@@ -1,5 +1,5 @@
-"""The device sampler's filters and draw (temperature, top_k, top_p, min_p, inverse CDF) and its top-N
-logprob selection, in MLX ops over a batch of rows. No state; nothing here reads an array back.
+"""The device sampler's choice of each row's token (argmax, or the filters and draw: temperature, top_k,
+top_p, min_p, inverse CDF) and its top-N logprob selection, in MLX ops over a batch of rows. No state; nothing here reads an array back.
 
 Filters reduce to per-row thresholds on the weights exp((x - max) / T), so every row draws in vocabulary
 order from one uniform, like the host's rows without top_k; the host draws top_k rows in rank order, so
@@ -8,7 +8,7 @@ their token for a given uniform differs while their distribution is the same.
 
 from __future__ import annotations
 
-from engine.output.sampler import SamplingRow
+from engine.output.sampler import GREEDY_TEMPERATURE, SamplingRow
 
 import mlx.core as mx
 import numpy as np
@@ -19,6 +19,19 @@ _BLOCK = 128  # the draw picks a block of this many tokens by block sums, then a
 def take_rows(x: mx.array, rows: list[int]) -> mx.array:
     """x[rows], without a copy when `rows` is every row in order."""
     return x if len(rows) == x.shape[0] else x[mx.array(rows, dtype=mx.int32)]
+
+
+def choose_tokens(edited: mx.array, rows: list[SamplingRow], uniforms: np.ndarray) -> mx.array:
+    """(B,) int32: argmax for greedy rows, a draw for the others. The argmax runs over every row: one
+    pass, cheaper than gathering the greedy rows first."""
+    drawing = [i for i, row in enumerate(rows) if row.params.temperature >= GREEDY_TEMPERATURE]
+    if not drawing:
+        return mx.argmax(edited, axis=-1).astype(mx.int32)
+    drawn = draw_random(take_rows(edited, drawing), [rows[i] for i in drawing], uniforms[drawing])
+    if len(drawing) == len(rows):
+        return drawn
+    greedy = mx.argmax(edited, axis=-1).astype(mx.int32)
+    return mx.put_along_axis(greedy, mx.array(drawing, dtype=mx.int32), drawn, axis=0)
 
 
 def draw_random(logits: mx.array, rows: list[SamplingRow], uniforms: np.ndarray) -> mx.array:

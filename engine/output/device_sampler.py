@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from engine.core.request import Request
 from engine.messages import TokenLogprob
-from engine.output.device_filters import draw_random, take_rows, top_n
+from engine.output.device_filters import choose_tokens, take_rows, top_n
 from engine.output.draw_kernel import Draw, applies, row_params
 from engine.output.sampler import (
     _F32_MAX,
@@ -93,7 +93,7 @@ def sample_on_device(
     if draw is not None and drawing and applies(rows, logits.shape[1]):
         token_ids = draw(edited, row_params(rows, uniforms))
     else:
-        token_ids = _choose(edited, rows, uniforms)
+        token_ids = choose_tokens(edited, rows, uniforms)
     return DeviceSample(token_ids, _logprobs(raw, rows, token_ids))
 
 
@@ -194,19 +194,6 @@ def _repetition_penalized(values: mx.array, penalty: mx.array) -> mx.array:
     out = mx.where(values > 0, values / penalty, values * penalty)
     out = mx.where(values == _NEG_INF, _NEG_INF, out)
     return mx.nan_to_num(out, nan=0.0, posinf=_F32_MAX, neginf=_NEG_INF)
-
-
-def _choose(edited: mx.array, rows: list[SamplingRow], uniforms: np.ndarray) -> mx.array:
-    """(B,) int32: argmax for greedy rows, a draw for the others. The argmax runs over every row: one
-    pass, cheaper than gathering the greedy rows first."""
-    drawing = [i for i, row in enumerate(rows) if row.params.temperature >= GREEDY_TEMPERATURE]
-    if not drawing:
-        return mx.argmax(edited, axis=-1).astype(mx.int32)
-    drawn = draw_random(take_rows(edited, drawing), [rows[i] for i in drawing], uniforms[drawing])
-    if len(drawing) == len(rows):
-        return drawn
-    greedy = mx.argmax(edited, axis=-1).astype(mx.int32)
-    return mx.put_along_axis(greedy, mx.array(drawing, dtype=mx.int32), drawn, axis=0)
 
 
 def _logprobs(raw: mx.array, rows: list[SamplingRow], token_ids: mx.array) -> DeviceLogprobs | None:

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from functools import lru_cache
 
 from engine.messages import SamplingParams
-from engine.output.device_filters import draw_random
+from engine.output.device_filters import choose_tokens
 from engine.output.sampler import GREEDY_TEMPERATURE, SamplingRow
 
 import mlx.core as mx
@@ -264,23 +264,17 @@ def mirror(logits: np.ndarray, params: np.ndarray) -> np.ndarray:
     return out
 
 
-class DrawKernel:
-    """The kernel, once `check` found it chooses what the MLX operations choose on this device."""
-
-    @staticmethod
-    def for_device() -> DrawKernel | None:
-        """A checked kernel on MLX's CUDA backend; None elsewhere, or where the check fails (logged)."""
-        if mx.default_device() != mx.gpu or not mx.cuda.is_available():
-            return None
-        refusal = check(choose)
-        if refusal:
-            logger.warning("sampling kernel not used: %s", refusal)
-            return None
-        logger.info("sampling kernel: mixed batches choose their tokens in one kernel")
-        return DrawKernel()
-
-    def __call__(self, logits: mx.array, params: np.ndarray) -> mx.array:
-        return choose(logits, params)
+def for_device() -> Draw | None:
+    """The kernel on MLX's CUDA backend, once `check` found it chooses what the MLX operations choose;
+    None elsewhere, or where the check fails (logged)."""
+    if mx.default_device() != mx.gpu or not mx.cuda.is_available():
+        return None
+    refusal = check(choose)
+    if refusal:
+        logger.warning("sampling kernel not used: %s", refusal)
+        return None
+    logger.info("sampling kernel: mixed batches choose their tokens in one kernel")
+    return choose
 
 
 def check(kernel: Draw) -> str | None:
@@ -307,10 +301,7 @@ def check(kernel: Draw) -> str | None:
         uniforms = rng.random(len(rows)).astype(np.float32)
         params = row_params(rows, uniforms)
         mine = np.asarray(kernel(mx.array(logits), params))
-        drawing = [i for i, r in enumerate(rows) if r.params.temperature >= GREEDY_TEMPERATURE]
-        theirs = np.asarray(mx.argmax(mx.array(logits), axis=-1)).astype(np.int32)
-        drawn = draw_random(mx.array(logits[drawing]), [rows[i] for i in drawing], uniforms[drawing])
-        theirs[drawing] = np.asarray(drawn)
+        theirs = np.asarray(choose_tokens(mx.array(logits), rows, uniforms))
         if not np.array_equal(mine, theirs):
             bad = np.flatnonzero(mine != theirs).tolist()
             return f"rows {bad} of probe {trial} chose other tokens than the MLX operations"

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from engine.core.request import Request
 from engine.core.scheduler import ScheduledRequest
 from engine.messages import TokenLogprob
+from engine.output import draw_kernel
 from engine.output.device_sampler import DeviceSample, joins_pipeline, sample_on_device
-from engine.output.draw_kernel import DrawKernel
 from engine.output.sampler import Sampler, SampleResult, SamplingRow
 from engine.output.structured_output import StructuredOutputManager
 from engine.runner.model_runner import DeviceTokens, StepLogits
@@ -54,7 +54,7 @@ class StepSampler:
         self.host = Sampler(seed)  # the device path draws its uniforms from the same RNG
         self.on_device = on_device
         # On MLX's CUDA backend, mixed batches choose their tokens in one checked kernel.
-        self.draw = DrawKernel.for_device() if on_device else None
+        self.draw = draw_kernel.for_device() if on_device else None
         self.eos_token_ids = eos_token_ids
         self.structured = structured
 

@@ -9,7 +9,7 @@ import engine  # noqa: F401  (loads OpenBLAS; must run before anything imports m
 # isort: split
 from engine.messages import SamplingParams
 from engine.output.device_filters import draw_random
-from engine.output.draw_kernel import DrawKernel, applies, check, mirror, row_params
+from engine.output.draw_kernel import applies, check, for_device, mirror, row_params
 from engine.output.sampler import SamplingRow
 
 import mlx.core as mx
@@ -75,7 +75,7 @@ def test_it_serves_batches_without_top_k_and_only_on_cuda():
     )
     assert not applies([_row(SamplingParams(temperature=0.8, top_k=5))], 100)
     assert applies([_row(SamplingParams(temperature=0.8, top_k=100))], 100)  # top_k of the whole vocabulary
-    assert DrawKernel.for_device() is None  # the CPU backend: the MLX operations choose
+    assert for_device() is None  # the CPU backend: the MLX operations choose
 
 
 def test_row_params_mark_greedy_rows_with_a_zero_inverse_temperature():
