@@ -1,6 +1,7 @@
 """Where a GPU decode step's time goes, per batch: the engine's whole step against its decode forward alone.
 
-    python bench/gpu_step.py [--shape 1b] [--batches 8,64,128] [--steps 150] [--out bench/results/gpu_step.json]
+    python bench/gpu_step.py [--shape 1b] [--batches 8,64,128] [--steps 150] [--engine key=value ...]
+        [--out bench/results/gpu_step.json]
 
 For each batch, on one random-weight model (bench/gpu_models.py): the engine's `step()` with every row
 greedy, then with one row in five sampled (temperature 0.8, top_p 0.95), p50 and p90 over `--steps`
@@ -37,7 +38,7 @@ from engine.messages import GenerateRequest
 import mlx.core as mx
 
 from bench.gpu import GREEDY, SAMPLED, SAMPLED_EVERY, device_name, table
-from bench.gpu_models import build_model_dir, parse_shapes
+from bench.gpu_models import build_model_dir, parse_overrides, parse_shapes
 from bench.part_timer import PartTimer
 
 PROMPT_LEN = 32
@@ -78,7 +79,7 @@ def engine_steps(
     tag = f"{'m' if mixed else 'g'}{time.monotonic_ns()}-"
     for i in range(batch):
         sampled = mixed and i % SAMPLED_EVERY == 0
-        params = dataclasses.replace(SAMPLED if sampled else GREEDY, seed=i, max_tokens=100_000)
+        params = dataclasses.replace(SAMPLED if sampled else GREEDY, seed=i, max_tokens=4_000)
         llm.add_request(
             GenerateRequest(f"{tag}{i}", [(7 * i + j) % 1000 + 2 for j in range(PROMPT_LEN)], params)
         )
@@ -133,6 +134,9 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="2-layer models: a quick smoke run on a CPU")
     parser.add_argument("--out", default="bench/results/gpu_step.json")
     parser.add_argument("--model-dir", help="a model directory built for --shape already (bench/gpu_env.py)")
+    parser.add_argument(
+        "--engine", action="append", default=[], metavar="KEY=VALUE", help="EngineConfig fields"
+    )
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     rows: list[dict[str, Any]] = []
@@ -143,6 +147,7 @@ def main() -> None:
         config = EngineConfig(
             model=model_dir, kv_cache_memory_bytes=(256 << 20) if args.tiny else (8 << 30),
             max_num_batched_tokens=2048, max_num_seqs=max(batches), enable_prefix_caching=False,
+            **parse_overrides(args.engine, "--engine"),
         )  # fmt: skip
         llm = LLMEngine(config)
         for batch in batches:

@@ -216,6 +216,16 @@ class EngineConfig(BaseModel):
         ),
     )
 
+    cuda_quantized_rows: bool | None = Field(
+        None,
+        description=(
+            "Products of 2 to 128 rows with 4-bit affine weights (mlx-lm's quantization) run as one "
+            "tensor-core kernel that reads each weight once per step (engine/runner/cuda/quantized_rows.py); "
+            "each weight shape is checked against mx.quantized_matmul at load. None or True: on in the "
+            "CUDA decode paths (cuda_fused, cuda_graph); False: MLX's quantized matmul."
+        ),
+    )
+
     cpu_decode: bool | None = Field(
         None,
         description=(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from engine.runner import attention_hook
@@ -28,7 +29,7 @@ from engine.runner.cuda import cuda_attention
 from engine.runner.cuda.decode_graph import DecodeGraph, bucketed_step
 from engine.runner.cuda.fused_projections import FusedLinears, fuse_gate_up, fuse_qkv
 from engine.runner.cuda.layer_kernels import CudaKernels, ReferenceKernels
-from engine.runner.cuda.small_matmul import small_rows
+from engine.runner.cuda.quantized_rows import few_rows, quantized_rows, use_quantized_rows_kernel
 from engine.runner.fast_path import Head, Target, cache_refusal, quantized_kv_refusal
 from engine.runner.kv_storage import KVStorage
 
@@ -59,7 +60,8 @@ class CudaFusedDecode:
         return shape_refusal(target)
 
     def build(self, target: Target, picked: Mapping[str, str]) -> tuple[FusedDecode | None, str | None]:
-        fused = FusedDecode.for_target(target, CudaKernels(), wrap=small_rows)
+        wrap = partial(few_rows, four_bit=target.quantized_rows)
+        fused = FusedDecode.for_target(target, CudaKernels(), wrap=wrap)
         if isinstance(fused, str):
             return None, fused
         if not attention_hook.install(target.model):
@@ -155,6 +157,10 @@ class FusedDecode:
         fuse_gate_up(model, wrap)
         if len(qkvs) != len(model.layers):
             return "the q, k and v projections differ in kind and cannot be one product"
+        head = target.head
+        if wrap is not None and target.quantized_rows:  # the 4-bit kernel for o_proj, down_proj, the head
+            use_quantized_rows_kernel(model)
+            head = quantized_rows(head) if isinstance(head, nn.Module) else head
         layers = [
             _Layer(
                 qkv,
@@ -166,8 +172,8 @@ class FusedDecode:
             )
             for qkv, layer in zip(qkvs, model.layers)
         ]
-        assert target.head is not None, "shape_refusal checked the head"
-        return cls(model, target.storage, target.head, layers, kernels)
+        assert head is not None, "shape_refusal checked the head"
+        return cls(model, target.storage, head, layers, kernels)
 
     def step(self, tokens: mx.array, offsets: list[int], tables: list[list[int]]) -> mx.array:
         """tokens (B,) int32 (may be lazy); returns lazy logits (B, vocab). The CUDA kernels write the
