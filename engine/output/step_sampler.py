@@ -100,7 +100,8 @@ class StepSampler:
             logger.exception("batched device sampling failed; sampling row by row so only the bad rows fail")
             return Launch(step, rows, error=exc)
         later = [i for i, s in enumerate(step.items) if pipeline and joins_pipeline(s.request)]
-        now = [i for i in range(len(rows)) if i not in set(later)]
+        staying = set(later)
+        now = [i for i in range(len(rows)) if i not in staying]
         return Launch(step, rows, _tokens(step, sample, later), _tokens(step, sample, now))
 
     def read_now(self, launch: Launch) -> Sampled:

@@ -87,6 +87,7 @@ class Choice:
             prefill=self.names["prefill"],
             kv_write=_kv_write(self.names),
             not_taken=dict(self.not_taken),
+            quantized_rows=getattr(self.built.get("decode"), "quantized_rows", "off"),
         )
 
 

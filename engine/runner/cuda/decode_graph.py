@@ -17,12 +17,11 @@ so a new batch size or a longer context reuses a graph already traced for its bu
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from functools import partial
 
 from engine.runner import attention_hook
 from engine.runner.cuda import cuda_attention
 from engine.runner.cuda.fused_projections import fuse_gate_up
-from engine.runner.cuda.quantized_rows import few_rows, use_quantized_rows_kernel
+from engine.runner.cuda.quantized_rows import QuantizedRowsUse
 from engine.runner.cuda.small_matmul import use_small_rows_kernel
 from engine.runner.fast_path import Target, cache_refusal, quantized_kv_refusal
 from engine.runner.kv_storage import KVStorage
@@ -58,11 +57,13 @@ class CudaGraphDecode:
     def build(self, target: Target, picked: Mapping[str, str]) -> tuple[DecodeGraph | None, str | None]:
         if not attention_hook.install(target.model):
             return None, "the model's attention cannot be hooked"
-        fuse_gate_up(target.model, partial(few_rows, four_bit=target.quantized_rows))
+        rows = QuantizedRowsUse(target.quantized_rows)
+        fuse_gate_up(target.model, rows)
         use_small_rows_kernel(target.model)
-        if target.quantized_rows:
-            use_quantized_rows_kernel(target.model)
-        return DecodeGraph(target.model, target.storage, use_kernel=True), None
+        rows.rewrite(target.model)
+        graph = DecodeGraph(target.model, target.storage, use_kernel=True)
+        graph.quantized_rows = rows.summary
+        return graph, None
 
 
 def bucket(n: int) -> int:
@@ -203,6 +204,7 @@ class DecodeGraph:
         self.storage = storage
         self.block_size = storage.block_size
         self.num_layers = len(storage.shapes)
+        self.quantized_rows = "off"  # what the 4-bit rows kernel serves (quantized_rows.py), for /v1/status
         self._compiled = mx.compile(self._forward)
 
     def step(self, tokens: mx.array, offsets: list[int], tables: list[list[int]]) -> mx.array:

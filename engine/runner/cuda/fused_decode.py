@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from engine.runner import attention_hook
@@ -29,7 +28,7 @@ from engine.runner.cuda import cuda_attention
 from engine.runner.cuda.decode_graph import DecodeGraph, bucketed_step
 from engine.runner.cuda.fused_projections import FusedLinears, fuse_gate_up, fuse_qkv
 from engine.runner.cuda.layer_kernels import CudaKernels, ReferenceKernels
-from engine.runner.cuda.quantized_rows import few_rows, quantized_rows, use_quantized_rows_kernel
+from engine.runner.cuda.quantized_rows import QuantizedRowsUse
 from engine.runner.fast_path import Head, Target, cache_refusal, quantized_kv_refusal
 from engine.runner.kv_storage import KVStorage
 
@@ -60,8 +59,7 @@ class CudaFusedDecode:
         return shape_refusal(target)
 
     def build(self, target: Target, picked: Mapping[str, str]) -> tuple[FusedDecode | None, str | None]:
-        wrap = partial(few_rows, four_bit=target.quantized_rows)
-        fused = FusedDecode.for_target(target, CudaKernels(), wrap=wrap)
+        fused = FusedDecode.for_target(target, CudaKernels(), QuantizedRowsUse(target.quantized_rows))
         if isinstance(fused, str):
             return None, fused
         if not attention_hook.install(target.model):
@@ -144,13 +142,16 @@ class FusedDecode:
     def __init__(self, model: nn.Module, storage: KVStorage, head: Head, layers: list[_Layer], kernels: Any):
         self.backbone = model.model
         self.storage, self.head, self.layers, self.kernels = storage, head, layers, kernels
+        self.quantized_rows = "off"  # what the 4-bit rows kernel serves (quantized_rows.py), for /v1/status
         self.num_layers = len(layers)
         self.rope = model.layers[0].self_attn.rope
         self.basis = _rope_basis(storage.shapes[0].k_head_dim, self.rope.traditional)
         self._compiled = mx.compile(self._forward)
 
     @classmethod
-    def for_target(cls, target: Target, kernels: Any, wrap=None) -> FusedDecode | str:
+    def for_target(
+        cls, target: Target, kernels: Any, wrap: QuantizedRowsUse | None = None
+    ) -> FusedDecode | str:
         """Fuses the model's projections and builds the forward; a reason where a layer does not fuse."""
         model = target.model
         qkvs = fuse_qkv(model, wrap)
@@ -158,9 +159,9 @@ class FusedDecode:
         if len(qkvs) != len(model.layers):
             return "the q, k and v projections differ in kind and cannot be one product"
         head = target.head
-        if wrap is not None and target.quantized_rows:  # the 4-bit kernel for o_proj, down_proj, the head
-            use_quantized_rows_kernel(model)
-            head = quantized_rows(head) if isinstance(head, nn.Module) else head
+        if wrap is not None:  # the 4-bit kernel for o_proj, down_proj and the head too
+            wrap.rewrite(model)
+            head = wrap.take(head) if wrap.on and isinstance(head, nn.Module) else head
         layers = [
             _Layer(
                 qkv,
@@ -173,7 +174,9 @@ class FusedDecode:
             for qkv, layer in zip(qkvs, model.layers)
         ]
         assert head is not None, "shape_refusal checked the head"
-        return cls(model, target.storage, head, layers, kernels)
+        fused = cls(model, target.storage, head, layers, kernels)
+        fused.quantized_rows = wrap.summary if wrap is not None else "off"
+        return fused
 
     def step(self, tokens: mx.array, offsets: list[int], tables: list[list[int]]) -> mx.array:
         """tokens (B,) int32 (may be lazy); returns lazy logits (B, vocab). The CUDA kernels write the

@@ -248,17 +248,6 @@ def check(linear: nn.QuantizedLinear) -> str | None:
     return None
 
 
-def quantized_rows(linear: nn.Module) -> nn.Module:
-    """`linear` itself, or the same product through the kernel where it applies and passes `check`."""
-    if refusal(linear) is not None:
-        return linear
-    reason = _checked(linear.weight.shape[0], linear.weight.shape[1], linear.group_size, linear)
-    if reason is not None:
-        logger.warning("4-bit rows kernel not used for a %s layer: %s", linear.weight.shape, reason)
-        return linear
-    return QuantizedRowsLinear(linear)
-
-
 _CHECKED: dict[tuple[int, int, int], str | None] = {}
 
 
@@ -270,26 +259,55 @@ def _checked(n: int, words: int, group_size: int, linear: nn.QuantizedLinear) ->
     return _CHECKED[key]
 
 
-def few_rows(linear: nn.Module, four_bit: bool = True) -> nn.Module:
-    """The few-row kernel of `linear`'s kind (bf16: small_matmul.py; 4-bit: this module's, with
-    `four_bit`), or `linear` itself: the wrap for fused projections."""
-    fast = small_rows(linear)
-    return quantized_rows(fast) if four_bit else fast
+class QuantizedRowsUse:
+    """The wrap a CUDA decode path builds its products with: bf16 ones through small_matmul.py, 4-bit
+    ones (with `on`) through this kernel where `refusal` and `check` allow. Counts what it took and what
+    it left to MLX, for `/v1/status` (`summary`)."""
 
+    def __init__(self, on: bool):
+        self.on = on
+        self.num_taken = 0
+        self.kept: dict[str, int] = {}  # why a 4-bit layer keeps MLX's product -> how many
 
-def use_quantized_rows_kernel(model: nn.Module) -> int:
-    """Rewrites every 4-bit `nn.QuantizedLinear` under `model` that the kernel computes; returns how many."""
-    count = 0
-    for _, module in list(model.named_modules()):
-        if isinstance(module, QuantizedRowsLinear):
-            continue
-        for name, child in list(module.children().items()):
-            if isinstance(child, nn.Module) and (fast := quantized_rows(child)) is not child:
-                setattr(module, name, fast)
-                count += 1
-            elif isinstance(child, list):  # e.g. nn.Sequential's layers
-                for i, item in enumerate(child):
-                    if isinstance(item, nn.Module) and (fast := quantized_rows(item)) is not item:
-                        child[i] = fast
-                        count += 1
-    return count
+    def __call__(self, linear: nn.Module) -> nn.Module:
+        fast = small_rows(linear)
+        return self.take(fast) if self.on else fast
+
+    def take(self, linear: nn.Module) -> nn.Module:
+        """`linear` itself, or the same product through the kernel."""
+        if type(linear) is not nn.QuantizedLinear:
+            return linear
+        reason = refusal(linear) or _checked(
+            linear.weight.shape[0], linear.weight.shape[1], linear.group_size, linear
+        )
+        if reason is not None:
+            self.kept[reason] = self.kept.get(reason, 0) + 1
+            logger.warning("4-bit rows kernel not used for a %s layer: %s", linear.weight.shape, reason)
+            return linear
+        self.num_taken += 1
+        return QuantizedRowsLinear(linear)
+
+    def rewrite(self, model: nn.Module) -> None:
+        """Takes every `nn.QuantizedLinear` under `model` that is a module's child (or in its list)."""
+        if not self.on:
+            return
+        for _, module in list(model.named_modules()):
+            if isinstance(module, QuantizedRowsLinear):
+                continue
+            for name, child in list(module.children().items()):
+                if isinstance(child, nn.Module) and (fast := self.take(child)) is not child:
+                    setattr(module, name, fast)
+                elif isinstance(child, list):  # e.g. nn.Sequential's layers
+                    for i, item in enumerate(child):
+                        if isinstance(item, nn.Module) and (fast := self.take(item)) is not item:
+                            child[i] = fast
+
+    @property
+    def summary(self) -> str:
+        if not self.on:
+            return "off (engine.cuda_quantized_rows is false)"
+        total = self.num_taken + sum(self.kept.values())
+        if total == 0:
+            return "no quantized products"
+        kept = "".join(f"; {n} keep MLX's: {reason}" for reason, n in self.kept.items())
+        return f"{self.num_taken} of {total} quantized products{kept}"

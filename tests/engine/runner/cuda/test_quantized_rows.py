@@ -64,14 +64,31 @@ def test_one_row_more_than_128_rows_and_float32_rows_go_to_mlx_own_product():
 
 @requires_cpu_backend
 def test_without_the_cuda_backend_the_check_refuses_and_no_layer_is_rewritten(caplog):
-    layer = _quantized(32, 256)
-    assert "the kernel failed" in (qr.check(layer) or "")
-    model = nn.Sequential(_quantized(32, 256), nn.ReLU(), _quantized(256, 32 * 4))
+    assert "the kernel failed" in (qr.check(_quantized(32, 256)) or "")
+    model = nn.Sequential(_quantized(32, 256), nn.ReLU(), _quantized(256, 32 * 4), _quantized(24, 256))
     before = [type(m) for m in model.layers]
+    rows = qr.QuantizedRowsUse(on=True)
     with caplog.at_level(logging.WARNING, logger=qr.__name__):
-        assert qr.use_quantized_rows_kernel(model) == 0
+        rows.rewrite(model)
     assert [type(m) for m in model.layers] == before
     assert "not used" in caplog.text
+    assert rows.summary.startswith("0 of 3 quantized products; 2 keep MLX's: the kernel failed")
+    assert "1 keep MLX's: groups of 32, 64 or 128" in rows.summary
+
+
+def test_the_wrap_gives_bf16_products_the_small_rows_kernel_and_counts_only_quantized_ones():
+    dense = nn.Linear(256, 32, bias=False)
+    dense.weight = dense.weight.astype(mx.bfloat16)
+    for on in (True, False):
+        rows = qr.QuantizedRowsUse(on)
+        assert type(rows(dense)).__name__ == "SmallRowsLinear"
+        assert rows.num_taken == 0 and not rows.kept
+    assert qr.QuantizedRowsUse(on=True).summary == "no quantized products"
+    off = qr.QuantizedRowsUse(on=False)
+    layer = _quantized(32, 256)
+    assert off(layer) is layer
+    off.rewrite(model := nn.Sequential(layer))
+    assert model.layers[0] is layer and off.summary == "off (engine.cuda_quantized_rows is false)"
 
 
 def test_the_engine_setting_is_on_unless_false():
