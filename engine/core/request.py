@@ -56,6 +56,7 @@ class Request:
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)
+        self._output_token_ids: list[int] = []  # all_token_ids past the prompt, kept as they are appended
 
     @property
     def external_id(self) -> str:
@@ -80,7 +81,8 @@ class Request:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.all_token_ids[len(self.prompt_token_ids) :]
+        """The outputs so far: the request's own list, not a copy (a step reads it for every row)."""
+        return self._output_token_ids
 
     @property
     def is_finished(self) -> bool:
@@ -94,3 +96,4 @@ class Request:
             self.token_gap_s = now - self.last_token_s  # type: ignore[operator]
         self.last_token_s = now
         self.all_token_ids.append(token_id)
+        self._output_token_ids.append(token_id)

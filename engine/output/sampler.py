@@ -53,9 +53,14 @@ class SamplingRow:
     # never has penalties.
     num_pending_outputs: int = 0
 
+    def __post_init__(self) -> None:
+        # Counted now: `output_token_ids` may be a request's own list, which grows when a later read
+        # commits this row's pending token (then counted twice, as read and as pending).
+        self._num_read_outputs = len(self.output_token_ids)
+
     @property
     def num_output_tokens(self) -> int:
-        return len(self.output_token_ids) + self.num_pending_outputs
+        return self._num_read_outputs + self.num_pending_outputs
 
 
 @dataclass
