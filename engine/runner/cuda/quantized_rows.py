@@ -248,17 +248,6 @@ def check(linear: nn.QuantizedLinear) -> str | None:
     return None
 
 
-_CHECKED: dict[tuple[int, int, int], str | None] = {}
-
-
-def _checked(n: int, words: int, group_size: int, linear: nn.QuantizedLinear) -> str | None:
-    """`check` once per weight shape and group size: the kernel's code path depends on nothing else."""
-    key = (n, words, group_size)
-    if key not in _CHECKED:
-        _CHECKED[key] = check(linear)
-    return _CHECKED[key]
-
-
 class QuantizedRowsUse:
     """The wrap a CUDA decode path builds its products with: bf16 ones through small_matmul.py, 4-bit
     ones (with `on`) through this kernel where `refusal` and `check` allow. Counts what it took and what
@@ -268,6 +257,8 @@ class QuantizedRowsUse:
         self.on = on
         self.num_taken = 0
         self.kept: dict[str, int] = {}  # why a 4-bit layer keeps MLX's product -> how many
+        # `check` once per weight shape and group size: the kernel's code path depends on nothing else.
+        self._checked: dict[tuple[int, int, int], str | None] = {}
 
     def __call__(self, linear: nn.Module) -> nn.Module:
         fast = small_rows(linear)
@@ -277,15 +268,19 @@ class QuantizedRowsUse:
         """`linear` itself, or the same product through the kernel."""
         if type(linear) is not nn.QuantizedLinear:
             return linear
-        reason = refusal(linear) or _checked(
-            linear.weight.shape[0], linear.weight.shape[1], linear.group_size, linear
-        )
+        reason = refusal(linear) or self._check(linear)
         if reason is not None:
             self.kept[reason] = self.kept.get(reason, 0) + 1
             logger.warning("4-bit rows kernel not used for a %s layer: %s", linear.weight.shape, reason)
             return linear
         self.num_taken += 1
         return QuantizedRowsLinear(linear)
+
+    def _check(self, linear: nn.QuantizedLinear) -> str | None:
+        key = (linear.weight.shape[0], linear.weight.shape[1], linear.group_size)
+        if key not in self._checked:
+            self._checked[key] = check(linear)
+        return self._checked[key]
 
     def rewrite(self, model: nn.Module) -> None:
         """Takes every `nn.QuantizedLinear` under `model` that is a module's child (or in its list)."""
