@@ -91,6 +91,15 @@ def fuse(
     return fused
 
 
+def fused_products(model: nn.Module) -> list[Linear]:
+    """The one product behind each group of fused projections under `model`, each once."""
+    found: dict[int, Linear] = {}
+    for _, module in model.named_modules():
+        if isinstance(module, _Part):
+            found.setdefault(id(module._fused), module._fused.linear)
+    return list(found.values())
+
+
 def fuse_gate_up(model: nn.Module, wrap: Callable[[nn.Module], Linear] | None = None) -> list[FusedLinears]:
     """Rewrites every fusable `layer.mlp` in place; returns the fused products (empty if none)."""
     layers = getattr(model, "layers", None) or []

@@ -27,6 +27,7 @@ import logging
 from functools import lru_cache
 from typing import Any
 
+from engine.runner.cuda.fused_projections import fused_products
 from engine.runner.cuda.small_matmul import small_rows
 
 import mlx.core as mx
@@ -255,7 +256,7 @@ class QuantizedRowsUse:
 
     def __init__(self, on: bool):
         self.on = on
-        self.num_taken = 0
+        self._taken: set[int] = set()  # ids of the kernel's wrappers serving this build's model
         self.kept: dict[str, int] = {}  # why a 4-bit layer keeps MLX's product -> how many
         # `check` once per weight shape and group size: the kernel's code path depends on nothing else.
         self._checked: dict[tuple[int, int, int], str | None] = {}
@@ -273,8 +274,13 @@ class QuantizedRowsUse:
             self.kept[reason] = self.kept.get(reason, 0) + 1
             logger.warning("4-bit rows kernel not used for a %s layer: %s", linear.weight.shape, reason)
             return linear
-        self.num_taken += 1
-        return QuantizedRowsLinear(linear)
+        fast = QuantizedRowsLinear(linear)
+        self._taken.add(id(fast))
+        return fast
+
+    @property
+    def num_taken(self) -> int:
+        return len(self._taken)
 
     def _check(self, linear: nn.QuantizedLinear) -> str | None:
         key = (linear.weight.shape[0], linear.weight.shape[1], linear.group_size)
@@ -283,11 +289,14 @@ class QuantizedRowsUse:
         return self._checked[key]
 
     def rewrite(self, model: nn.Module) -> None:
-        """Takes every `nn.QuantizedLinear` under `model` that is a module's child (or in its list)."""
+        """Takes every `nn.QuantizedLinear` under `model` that is a module's child (or in its list), and
+        counts the kernel's wrappers already there (a path built before this one may have made them)."""
         if not self.on:
             return
+        self._taken.update(id(m) for m in fused_products(model) if isinstance(m, QuantizedRowsLinear))
         for _, module in list(model.named_modules()):
             if isinstance(module, QuantizedRowsLinear):
+                self._taken.add(id(module))
                 continue
             for name, child in list(module.children().items()):
                 if isinstance(child, nn.Module) and (fast := self.take(child)) is not child:

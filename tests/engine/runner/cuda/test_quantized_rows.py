@@ -7,6 +7,7 @@ import logging
 import engine  # noqa: F401  # isort: split
 from engine.config import EngineConfig
 from engine.runner.cuda import quantized_rows as qr
+from engine.runner.cuda.fused_projections import fuse
 
 import mlx.core as mx
 import pytest
@@ -94,3 +95,16 @@ def test_the_wrap_gives_bf16_products_the_small_rows_kernel_and_counts_only_quan
 def test_the_engine_setting_is_on_unless_false():
     assert EngineConfig(model="m").cuda_quantized_rows is None
     assert EngineConfig(model="m", cuda_quantized_rows=False).cuda_quantized_rows is False
+
+
+def test_a_later_build_counts_the_kernels_an_earlier_one_left_in_the_model():
+    attn = nn.Module()
+    attn.q_proj, attn.k_proj = _quantized(32, 256), _quantized(32, 256)
+    attn.o_proj = qr.QuantizedRowsLinear(_quantized(256, 64))
+    assert fuse(attn, ("q_proj", "k_proj"), qr.QuantizedRowsLinear) is not None  # as a first path's wrap
+    model = nn.Module()
+    model.attn = attn
+    rows = qr.QuantizedRowsUse(on=True)
+    rows.rewrite(model)
+    rows.rewrite(model)  # each wrapper counts once
+    assert rows.summary == "2 of 2 quantized products"
