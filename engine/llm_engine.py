@@ -84,13 +84,7 @@ class LLMEngine:
         self.kv = KVCacheManager(self.pool, config.block_size, prefix_caching, slots)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         self.prefix_disk = PrefixOffload.build(config, self.kv, self.storage)  # a no-op when off
-        target = Target(
-            loaded.model,
-            self.storage,
-            loaded.device,
-            split_head(loaded.model),
-            config.cuda_quantized_rows is not False,
-        )
+        target = Target(loaded.model, self.storage, loaded.device, split_head(loaded.model))
         self.runner = ModelRunner(backends.choose(target, config), layers, self.states)
         device_sampling = _on_gpu_unless_set(config.device_sampling, loaded.device)
         self.compute = replace(

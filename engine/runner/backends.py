@@ -15,7 +15,7 @@ the model runner and the paged cache receive what was picked and never ask which
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.config import EngineConfig
@@ -93,6 +93,7 @@ class Choice:
 
 def choose(target: Target, config: EngineConfig) -> Choice:
     """Asks every fast path in order; see the module's table."""
+    target = replace(target, quantized_rows=config.cuda_quantized_rows is not False)
     choice = Choice(target)
     for path in FAST_PATHS:
         reason = _refusal(path, choice, getattr(config, path.setting))

@@ -82,13 +82,7 @@ def build_draft(draft: DraftLoad, config: EngineConfig, num_blocks: int, vocab_s
     loaded = draft.loaded
     storage = KVStorage(draft.shapes, num_blocks, config.block_size, loaded.dtype, config.kv_cache_dtype)
     choice = backends.choose(
-        Target(
-            loaded.model,
-            storage,
-            loaded.device,
-            split_head(loaded.model),
-            config.cuda_quantized_rows is not False,
-        ),
+        Target(loaded.model, storage, loaded.device, split_head(loaded.model)),
         config,
     )
     return DraftModel(loaded, draft.layers, storage, vocab_size, choice)

@@ -62,3 +62,9 @@ def test_another_device_says_why_each_cpu_path_is_off():
     assert choice.not_taken["c_forward"] == "needs MLX's CPU backend"
     assert choice.not_taken["paired_prefill"] == "needs MLX's CPU backend (two CPU streams)"
     assert choice.not_taken["cpu_math"] == "off by default on gpu (engine.cpu_math: true turns it on)"
+
+
+def test_the_paths_see_whether_the_4_bit_rows_kernel_may_serve():
+    assert backends.choose(_target(), EngineConfig()).target.quantized_rows
+    assert not backends.choose(_target(), EngineConfig(cuda_quantized_rows=False)).target.quantized_rows
+    assert backends.choose(_target(), EngineConfig()).compute_paths("float32").quantized_rows == "off"
