@@ -161,7 +161,7 @@ class FusedDecode:
         head = target.head
         if wrap is not None:  # the 4-bit kernel for o_proj, down_proj and the head too
             wrap.rewrite(model)
-            head = wrap.take(head) if wrap.on and isinstance(head, nn.Module) else head
+            head = wrap.take(head) if isinstance(head, nn.Module) else head
         layers = [
             _Layer(
                 qkv,

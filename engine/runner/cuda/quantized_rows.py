@@ -262,12 +262,11 @@ class QuantizedRowsUse:
         self._checked: dict[tuple[int, int, int], str | None] = {}
 
     def __call__(self, linear: nn.Module) -> nn.Module:
-        fast = small_rows(linear)
-        return self.take(fast) if self.on else fast
+        return self.take(small_rows(linear))
 
     def take(self, linear: nn.Module) -> nn.Module:
         """`linear` itself, or the same product through the kernel."""
-        if type(linear) is not nn.QuantizedLinear:
+        if not self.on or type(linear) is not nn.QuantizedLinear:
             return linear
         reason = refusal(linear) or self._check(linear)
         if reason is not None:
