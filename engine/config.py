@@ -226,16 +226,6 @@ class EngineConfig(BaseModel):
         ),
     )
 
-    cuda_bf16_rows: bool | None = Field(
-        None,
-        description=(
-            "Products of 5 to 128 rows with bf16 weights run as one tensor-core kernel of the project's own "
-            "(engine/runner/cuda/bf16_rows.py) instead of cuBLASLt, whose launch costs the host about 21 us a "
-            "product; each weight shape is checked against MLX's product at load. None or True: on in the "
-            "CUDA decode paths (cuda_fused, cuda_graph); False: MLX's product."
-        ),
-    )
-
     cpu_decode: bool | None = Field(
         None,
         description=(

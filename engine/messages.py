@@ -167,9 +167,9 @@ class ComputePaths:
     kv_capacity_tokens: int = 0  # tokens the pool holds: num_blocks * block_size, over all requests
     speculative: str = "off"  # e.g. "ngram, 4 tokens (lookup 2-4)" (engine/spec_decode/)
     sampling: str = "host"  # "device" (engine/output/device_sampler.py) or "host" (engine/output/sampler.py)
-    # Few-row products through the project's CUDA kernels (engine/runner/cuda/rows_use.py), e.g.
-    # "129 of 129 4-bit products; 113 of 113 bf16 products" (and why others keep MLX's), or "off".
-    rows_kernels: str = "off"
+    # 4-bit products of 2-128 rows on CUDA (engine/runner/cuda/quantized_rows.py): "N of M quantized
+    # products" (and why the others keep MLX's), or "off".
+    quantized_rows: str = "off"
 
 
 @dataclass

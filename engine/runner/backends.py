@@ -87,17 +87,13 @@ class Choice:
             prefill=self.names["prefill"],
             kv_write=_kv_write(self.names),
             not_taken=dict(self.not_taken),
-            rows_kernels=getattr(self.built.get("decode"), "rows_kernels", "off"),
+            quantized_rows=getattr(self.built.get("decode"), "quantized_rows", "off"),
         )
 
 
 def choose(target: Target, config: EngineConfig) -> Choice:
     """Asks every fast path in order; see the module's table."""
-    target = replace(
-        target,
-        quantized_rows=config.cuda_quantized_rows is not False,
-        bf16_rows=config.cuda_bf16_rows is not False,
-    )
+    target = replace(target, quantized_rows=config.cuda_quantized_rows is not False)
     choice = Choice(target)
     for path in FAST_PATHS:
         reason = _refusal(path, choice, getattr(config, path.setting))

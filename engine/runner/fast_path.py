@@ -30,10 +30,8 @@ class Target:
     storage: KVStorage
     device: str  # MLX's device type: "cpu" or "gpu" (Metal or CUDA)
     head: Head | None  # the model's head split from its backbone, None where the model has none
-    # The CUDA paths may use the few-row kernels (cuda/rows_use.py): engine.cuda_quantized_rows and
-    # engine.cuda_bf16_rows, set by backends.choose.
+    # The CUDA paths may use the 4-bit rows kernel: engine.cuda_quantized_rows, set by backends.choose.
     quantized_rows: bool = True
-    bf16_rows: bool = True
 
 
 class DecodePath(Protocol):

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from engine.runner import attention_hook
 from engine.runner.cuda import cuda_attention
 from engine.runner.cuda.fused_projections import fuse_gate_up
-from engine.runner.cuda.rows_use import RowsKernels
+from engine.runner.cuda.quantized_rows import QuantizedRowsUse
 from engine.runner.cuda.small_matmul import use_small_rows_kernel
 from engine.runner.fast_path import Target, cache_refusal, quantized_kv_refusal
 from engine.runner.kv_storage import KVStorage
@@ -57,12 +57,12 @@ class CudaGraphDecode:
     def build(self, target: Target, picked: Mapping[str, str]) -> tuple[DecodeGraph | None, str | None]:
         if not attention_hook.install(target.model):
             return None, "the model's attention cannot be hooked"
-        rows = RowsKernels(target.quantized_rows, target.bf16_rows)
+        rows = QuantizedRowsUse(target.quantized_rows)
         fuse_gate_up(target.model, rows)
         use_small_rows_kernel(target.model)
         rows.rewrite(target.model)
         graph = DecodeGraph(target.model, target.storage, use_kernel=True)
-        graph.rows_kernels = rows.summary
+        graph.quantized_rows = rows.summary
         return graph, None
 
 
@@ -204,7 +204,7 @@ class DecodeGraph:
         self.storage = storage
         self.block_size = storage.block_size
         self.num_layers = len(storage.shapes)
-        self.rows_kernels = "off"  # which few-row products the kernels serve (rows_use.py), for /v1/status
+        self.quantized_rows = "off"  # what the 4-bit rows kernel serves (quantized_rows.py), for /v1/status
         self._compiled = mx.compile(self._forward)
 
     def step(self, tokens: mx.array, offsets: list[int], tables: list[list[int]]) -> mx.array:

@@ -28,7 +28,7 @@ from engine.runner.cuda import cuda_attention
 from engine.runner.cuda.decode_graph import DecodeGraph, bucketed_step
 from engine.runner.cuda.fused_projections import FusedLinears, fuse_gate_up, fuse_qkv
 from engine.runner.cuda.layer_kernels import CudaKernels, ReferenceKernels
-from engine.runner.cuda.rows_use import RowsKernels
+from engine.runner.cuda.quantized_rows import QuantizedRowsUse
 from engine.runner.fast_path import Head, Target, cache_refusal, quantized_kv_refusal
 from engine.runner.kv_storage import KVStorage
 
@@ -59,9 +59,7 @@ class CudaFusedDecode:
         return shape_refusal(target)
 
     def build(self, target: Target, picked: Mapping[str, str]) -> tuple[FusedDecode | None, str | None]:
-        fused = FusedDecode.for_target(
-            target, CudaKernels(), RowsKernels(target.quantized_rows, target.bf16_rows)
-        )
+        fused = FusedDecode.for_target(target, CudaKernels(), QuantizedRowsUse(target.quantized_rows))
         if isinstance(fused, str):
             return None, fused
         if not attention_hook.install(target.model):
@@ -144,14 +142,16 @@ class FusedDecode:
     def __init__(self, model: nn.Module, storage: KVStorage, head: Head, layers: list[_Layer], kernels: Any):
         self.backbone = model.model
         self.storage, self.head, self.layers, self.kernels = storage, head, layers, kernels
-        self.rows_kernels = "off"  # which few-row products the kernels serve (rows_use.py), for /v1/status
+        self.quantized_rows = "off"  # what the 4-bit rows kernel serves (quantized_rows.py), for /v1/status
         self.num_layers = len(layers)
         self.rope = model.layers[0].self_attn.rope
         self.basis = _rope_basis(storage.shapes[0].k_head_dim, self.rope.traditional)
         self._compiled = mx.compile(self._forward)
 
     @classmethod
-    def for_target(cls, target: Target, kernels: Any, wrap: RowsKernels | None = None) -> FusedDecode | str:
+    def for_target(
+        cls, target: Target, kernels: Any, wrap: QuantizedRowsUse | None = None
+    ) -> FusedDecode | str:
         """Fuses the model's projections and builds the forward; a reason where a layer does not fuse."""
         model = target.model
         qkvs = fuse_qkv(model, wrap)
@@ -159,7 +159,7 @@ class FusedDecode:
         if len(qkvs) != len(model.layers):
             return "the q, k and v projections differ in kind and cannot be one product"
         head = target.head
-        if wrap is not None:  # the rows kernels for o_proj, down_proj and the head too
+        if wrap is not None:  # the 4-bit kernel for o_proj, down_proj and the head too
             wrap.rewrite(model)
             head = wrap.take(head) if isinstance(head, nn.Module) else head
         layers = [
@@ -175,7 +175,7 @@ class FusedDecode:
         ]
         assert head is not None, "shape_refusal checked the head"
         fused = cls(model, target.storage, head, layers, kernels)
-        fused.rows_kernels = wrap.summary if wrap is not None else "off"
+        fused.quantized_rows = wrap.summary if wrap is not None else "off"
         return fused
 
     def step(self, tokens: mx.array, offsets: list[int], tables: list[list[int]]) -> mx.array:

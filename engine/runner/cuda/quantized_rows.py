@@ -18,14 +18,19 @@ it loaded itself.
 
 from __future__ import annotations
 
+import logging
 from functools import lru_cache
 from typing import Any
 
 from engine.runner.cuda import rows_mma
+from engine.runner.cuda.fused_projections import fused_products
 from engine.runner.cuda.rows_mma import MAX_ROWS, MIN_ROWS
+from engine.runner.cuda.small_matmul import small_rows
 
 import mlx.core as mx
 from mlx import nn
+
+logger = logging.getLogger(__name__)
 
 BITS = 4
 CHUNK = 128  # k per step of a warp's loop
@@ -143,3 +148,71 @@ def check(linear: nn.QuantizedLinear) -> str | None:
         if not worst <= _CHECK_TOLERANCE:  # also catches NaN
             return f"{rows} rows differ from mx.quantized_matmul by {worst:.3g} of the largest output"
     return None
+
+
+class QuantizedRowsUse:
+    """The wrap a CUDA decode path builds its products with: bf16 ones through small_matmul.py, 4-bit
+    ones (with `on`) through this kernel where `refusal` and `check` allow. Counts what it took and what
+    it left to MLX, for `/v1/status` (`summary`)."""
+
+    def __init__(self, on: bool):
+        self.on = on
+        self._taken: set[int] = set()  # ids of the kernel's wrappers serving this build's model
+        self.kept: dict[str, int] = {}  # why a 4-bit layer keeps MLX's product -> how many
+        # `check` once per weight shape and group size: the kernel's code path depends on nothing else.
+        self._checked: dict[tuple[int, int, int], str | None] = {}
+
+    def __call__(self, linear: nn.Module) -> nn.Module:
+        return self.take(small_rows(linear))
+
+    def take(self, linear: nn.Module) -> nn.Module:
+        """`linear` itself, or the same product through the kernel."""
+        if not self.on or type(linear) is not nn.QuantizedLinear:
+            return linear
+        reason = refusal(linear) or self._check(linear)
+        if reason is not None:
+            self.kept[reason] = self.kept.get(reason, 0) + 1
+            logger.warning("4-bit rows kernel not used for a %s layer: %s", linear.weight.shape, reason)
+            return linear
+        fast = QuantizedRowsLinear(linear)
+        self._taken.add(id(fast))
+        return fast
+
+    @property
+    def num_taken(self) -> int:
+        return len(self._taken)
+
+    def _check(self, linear: nn.QuantizedLinear) -> str | None:
+        key = (linear.weight.shape[0], linear.weight.shape[1], linear.group_size)
+        if key not in self._checked:
+            self._checked[key] = check(linear)
+        return self._checked[key]
+
+    def rewrite(self, model: nn.Module) -> None:
+        """Takes every `nn.QuantizedLinear` under `model` that is a module's child (or in its list), and
+        counts the kernel's wrappers already there (a path built before this one may have made them)."""
+        if not self.on:
+            return
+        self._taken.update(id(m) for m in fused_products(model) if isinstance(m, QuantizedRowsLinear))
+        for _, module in list(model.named_modules()):
+            if isinstance(module, QuantizedRowsLinear):
+                self._taken.add(id(module))
+                continue
+            for name, child in list(module.children().items()):
+                if isinstance(child, nn.Module) and (fast := self.take(child)) is not child:
+                    setattr(module, name, fast)
+                elif isinstance(child, list):  # e.g. nn.Sequential's layers (children() lists a copy)
+                    items = module[name]
+                    for i, item in enumerate(items):
+                        if isinstance(item, nn.Module) and (fast := self.take(item)) is not item:
+                            items[i] = fast
+
+    @property
+    def summary(self) -> str:
+        if not self.on:
+            return "off (engine.cuda_quantized_rows is false)"
+        total = self.num_taken + sum(self.kept.values())
+        if total == 0:
+            return "no quantized products"
+        kept = "".join(f"; {n} keep MLX's: {reason}" for reason, n in self.kept.items())
+        return f"{self.num_taken} of {total} quantized products{kept}"

@@ -1,9 +1,8 @@
-"""The tensor-core skeleton shared by the few-row product kernels (2 to 128 rows of bf16 x against a weight
-of N output columns), for MLX's CUDA backend: tiling, the k-split and its reduction, the launch.
+"""The tensor-core skeleton of the few-row product kernel (2 to 128 rows of bf16 x against a weight of N
+output columns), for MLX's CUDA backend: tiling, the k-split and its reduction, the launch.
 
-Owns no weight format: each kernel (quantized_rows.py for 4-bit codes, bf16_rows.py for bf16) supplies
-how a lane loads a chunk of its weight rows and turns step j of it into tensor-core fragments. Never
-runs on other devices.
+Owns no weight format: quantized_rows.py supplies how a lane loads a chunk of its weight rows and turns
+step j of it into tensor-core fragments. Never runs on other devices.
 
     block   4 warps, each NT x 16 output columns n; blockIdx.y is a slice of K
     chunk   32 * JS k per loop step, the next chunk loaded while this one is multiplied
@@ -11,11 +10,13 @@ runs on other devices.
             so at step (j, h) fragment slots {2t, 2t+1} and {2t+8, 2t+9} (lane: g = lane / 4,
             t = lane % 4) hold physical k = c * CHUNK + 32j + 8t + 4h + {0, 1} and {2, 3}, in A and
             in B alike: a lane reads 16 contiguous bytes of x, and 8 contiguous k of each weight row
-    split   with S slices, each warp writes float32 partial sums to `part` (S, M, N); the last of a
-            column tile's S warps to finish (counted in `counters`, which it resets to 0) adds them in
-            slice order and writes the bf16 output, so a row's output does not depend on scheduling
-            and the product is one launch. `counters` belongs to one layer: MLX's stream orders its
-            calls, and a layer is called once per forward
+    split   with S slices, each warp writes float32 partial sums to `part` (S, M, N). Up to 32 rows
+            (REDUCE) the last of a column tile's S warps to finish (counted in `counters`, which it
+            resets to 0) adds them and writes the bf16 output: the product is one launch. Past 32
+            rows MLX adds them (the last warp alone would take longer: measured on an H200). Either
+            way the slices are added in a fixed order, so a row's output does not depend on
+            scheduling. `counters` belongs to one layer: MLX's stream orders its calls, and a layer
+            is called once per forward
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 import mlx.core as mx
 
 MIN_ROWS, MAX_ROWS = 2, 128
+MAX_REDUCE_TILES = 8  # MT * NT up to which the kernel adds its own slices (32 rows)
 WARPS = 4
 TARGET_BLOCKS = 400  # about three blocks per SM on an H100/H200, counting the k-split
 
@@ -44,7 +46,9 @@ _HEAD = """
         row[nt][0] = min(n0 + nt * 16 + g, N - 1);
         row[nt][1] = min(n0 + nt * 16 + g + 8, N - 1);
     }
-    const __nv_bfloat16* xg = x + (size_t)g * K + t * 8;  // x row g + 8 mt is xg + 8 mt K
+    const __nv_bfloat16* xrow[MT];
+    #pragma unroll
+    for (int mt = 0; mt < MT; ++mt) xrow[mt] = mt * 8 + g < M ? x + (size_t)(mt * 8 + g) * K : nullptr;
 
     float acc[MT][NT][4];
     #pragma unroll
@@ -67,8 +71,8 @@ _LOOP = """
             #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
                 uint4 xv = make_uint4(0, 0, 0, 0);
-                if (mt * 8 + g < M)
-                    xv = *reinterpret_cast<const uint4*>(xg + (size_t)mt * 8 * K + c * CHUNK + j * 32);
+                if (xrow[mt] != nullptr)
+                    xv = *reinterpret_cast<const uint4*>(xrow[mt] + c * CHUNK + j * 32 + t * 8);
                 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const unsigned int b0 = h ? xv.z : xv.x, b1 = h ? xv.w : xv.y;
@@ -115,6 +119,7 @@ _TAIL = """
                 const int m = mt * 8 + 2 * t + i % 2, n = n0 + nt * 16 + g + 8 * (i / 2);
                 if (m < M) mine[(size_t)m * N + n] = acc[mt][nt][i];
             }
+    if (!REDUCE) return;
     __threadfence();
     __syncwarp();
     unsigned int* counter = const_cast<unsigned int*>(counters) + n0 / (16 * NT);
@@ -124,7 +129,7 @@ _TAIL = """
     __threadfence();
     constexpr int RS = 8 / NT;  // rows between a lane's rows
     const int q = lane % (4 * NT), r0 = lane / (4 * NT);
-    constexpr int U = MT * NT <= 2 ? 8 : MT * NT <= 4 ? 4 : MT * NT <= 8 ? 2 : 1;  // slices read at once
+    constexpr int U = MT * NT <= 2 ? 8 : MT * NT <= 4 ? 4 : 2;  // slices read at once (MT * NT <= 8)
     float4 sum[MT * NT];
     #pragma unroll
     for (int e = 0; e < MT * NT; ++e) sum[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -202,12 +207,15 @@ def launch(
     k = x.shape[-1]
     rows = x.size // k
     mt, nt = tiles(rows)
-    out = kernel(
+    reduce = slices == 1 or mt * nt <= MAX_REDUCE_TILES
+    part, out = kernel(
         inputs=[x.reshape(rows, k), *weights, arrivals.counts],
-        template=[("MT", mt), ("NT", nt), *template],
+        template=[("MT", mt), ("NT", nt), ("REDUCE", int(reduce)), *template],
         grid=(-(-n // (64 * nt)) * 32 * WARPS, slices, 1),
         threadgroup=(32 * WARPS, 1, 1),
-        output_shapes=[(slices, rows, n) if slices > 1 else (1,), (rows, n)],
+        output_shapes=[(slices, rows, n) if slices > 1 else (1,), (rows, n) if reduce else (1,)],
         output_dtypes=[mx.float32, mx.bfloat16],
-    )[1]
+    )
+    if not reduce:
+        out = part.sum(axis=0).astype(x.dtype)
     return out.reshape(*x.shape[:-1], n)

@@ -64,9 +64,7 @@ def test_another_device_says_why_each_cpu_path_is_off():
     assert choice.not_taken["cpu_math"] == "off by default on gpu (engine.cpu_math: true turns it on)"
 
 
-def test_the_paths_see_whether_the_few_row_kernels_may_serve():
-    on = backends.choose(_target(), EngineConfig()).target
-    assert on.quantized_rows and on.bf16_rows
-    off = backends.choose(_target(), EngineConfig(cuda_quantized_rows=False, cuda_bf16_rows=False)).target
-    assert not off.quantized_rows and not off.bf16_rows
-    assert backends.choose(_target(), EngineConfig()).compute_paths("float32").rows_kernels == "off"
+def test_the_paths_see_whether_the_4_bit_rows_kernel_may_serve():
+    assert backends.choose(_target(), EngineConfig()).target.quantized_rows
+    assert not backends.choose(_target(), EngineConfig(cuda_quantized_rows=False)).target.quantized_rows
+    assert backends.choose(_target(), EngineConfig()).compute_paths("float32").quantized_rows == "off"
