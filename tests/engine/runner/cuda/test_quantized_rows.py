@@ -88,3 +88,13 @@ def test_a_later_build_counts_the_kernels_an_earlier_one_left_in_the_model():
     rows.rewrite(model)
     rows.rewrite(model)  # each wrapper counts once
     assert rows.summary == "2 of 2 quantized products"
+
+
+def test_the_rewrite_reaches_layers_a_module_holds_in_a_list():
+    layer = quantized(32, 256)
+    rows = qr.QuantizedRowsUse(on=True)
+    rows._checked[(*layer.weight.shape, layer.group_size)] = None  # as if the check had passed on a GPU
+    model = nn.Sequential(layer, nn.ReLU())
+    rows.rewrite(model)
+    assert type(model.layers[0]) is qr.QuantizedRowsLinear and model.layers[0].inner is layer
+    assert rows.summary == "1 of 1 quantized products"
