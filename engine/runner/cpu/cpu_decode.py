@@ -95,11 +95,14 @@ def _clearly_slower(own: float, blas: float) -> bool:
 
 def pick_direct_rows(measured: dict[int, tuple[float, float]]) -> tuple[int, int]:
     """From (own, OpenBLAS) forward seconds at each row count: (direct_min, direct_rows), the row counts
-    whose matmuls are the kernel's own. One row is memory-bound in both modes and decided alone: sgemv
-    may read faster. Past it, the largest count where the own matmuls are faster, with every count
+    whose matmuls are the kernel's own. One row is memory-bound in both modes and decided alone: the own
+    matmuls unless sgemv is more than DIRECT_TIE faster, since served, the server's other processes
+    preempt a worker now and then, and the own matmuls' other worker takes over its channels where
+    sgemv's split waits for it (a single f32 stream over HTTP: 19.1-21.9 against 25.2-26.5 ms a token,
+    docs/benchmarks.md). Past it, the largest count where the own matmuls are faster, with every count
     between at most DIRECT_TIE slower: a near tie at a few rows must not send the rows where the own
     matmuls win by a third (16 on a 2-core AVX-512 machine) to OpenBLAS. (1, 0): none."""
-    one = 1 in measured and measured[1][0] <= measured[1][1]
+    one = 1 in measured and not _clearly_slower(*measured[1])
     best = 1 if one else 0
     for rows in sorted(r for r in measured if r > 1):
         own, blas = measured[rows]
