@@ -42,7 +42,7 @@ from mlx import nn
 
 logger = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).with_name("cpu_decode.c")
+_SOURCE = Path(__file__).with_name("cpu_decode.c")  # includes the cpu_*.h beside it
 _ENV_CC = "CC"
 # The CPU the kernel is built for: this one by default; e.g. x86-64 (SSE2 only) builds the portable loops
 # that a machine without AVX2 runs, which is how the tests check them on any machine.
@@ -417,9 +417,14 @@ def _build(sizes: dict[str, int | str]) -> Path | None:
     return _compiled(compiler, [*flags, "-pthread"])
 
 
+def build_key(compiler: str, flags: list[str]) -> str:
+    """What names a build in the cache: the source with every header it includes, the command and the CPU."""
+    source = b"".join(p.read_bytes() for p in [_SOURCE, *sorted(_SOURCE.parent.glob("cpu_*.h"))])
+    return hashlib.sha256(source + " ".join([compiler, *flags, _cpu_id()]).encode()).hexdigest()[:16]
+
+
 def _compiled(compiler: str, flags: list[str]) -> Path | None:
-    source = _SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join([compiler, *flags, _cpu_id()]).encode()).hexdigest()[:16]
+    key = build_key(compiler, flags)
     target = cache_dir() / "kernels" / f"cpu_decode-{key}.so"
     if target.exists():
         return target

@@ -159,3 +159,14 @@ def test_the_portable_loops_a_cpu_without_avx2_runs_agree_too(monkeypatch):
 )
 def test_direct_rows_are_where_the_own_matmuls_win_past_near_ties(measured, expected):
     assert cpu_decode.pick_direct_rows(measured) == expected
+
+
+def test_the_build_key_changes_with_any_header_the_source_includes(tmp_path, monkeypatch):
+    for path in [cpu_decode._SOURCE, *cpu_decode._SOURCE.parent.glob("cpu_*.h")]:
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    monkeypatch.setattr(cpu_decode, "_SOURCE", tmp_path / "cpu_decode.c")
+    before = cpu_decode.build_key("cc", ["-O3"])
+    assert cpu_decode.build_key("cc", ["-O3"]) == before
+    with (tmp_path / "cpu_kv.h").open("a") as header:
+        header.write("/* changed */\n")
+    assert cpu_decode.build_key("cc", ["-O3"]) != before
