@@ -73,7 +73,7 @@ def main_loop_size(ptx: str) -> int:
 
 def instance(rows: int, slices: int) -> dict:
     mt, nt = rows_mma.tiles(rows)
-    reduce = int(slices == 1 or mt * nt <= rows_mma.MAX_REDUCE_TILES)
+    reduce = int(rows_mma.adds_own_slices(rows, slices))
     return {"rows": rows, "MT": mt, "NT": nt, "REDUCE": reduce, "JS": quantized_rows.CHUNK // 32, "GS": 64}
 
 

@@ -175,7 +175,8 @@ class FusedDecode:
         ]
         assert head is not None, "shape_refusal checked the head"
         fused = cls(model, target.storage, head, layers, kernels)
-        fused.quantized_rows = wrap.summary if wrap is not None else "off"
+        if wrap is not None:
+            fused.quantized_rows = wrap.summary
         return fused
 
     def step(self, tokens: mx.array, offsets: list[int], tables: list[list[int]]) -> mx.array:

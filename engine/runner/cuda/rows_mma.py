@@ -185,6 +185,12 @@ def num_slices(n: int, k: int, rows: int, chunk: int, weight_bytes: float) -> in
     return max(1, min(k // chunk, -(-TARGET_BLOCKS // blocks), int(k * weight_bytes) // (8 * rows)))
 
 
+def adds_own_slices(rows: int, slices: int) -> bool:
+    """Whether the kernel adds its K slices itself (template REDUCE), or leaves them to MLX."""
+    mt, nt = tiles(rows)
+    return slices == 1 or mt * nt <= MAX_REDUCE_TILES
+
+
 class Arrivals:
     """The arrival counters of one layer's product, one per column tile of the finest tiling; a plain
     attribute of the layer's module, not one of its parameters."""
@@ -207,7 +213,7 @@ def launch(
     k = x.shape[-1]
     rows = x.size // k
     mt, nt = tiles(rows)
-    reduce = slices == 1 or mt * nt <= MAX_REDUCE_TILES
+    reduce = adds_own_slices(rows, slices)
     part, out = kernel(
         inputs=[x.reshape(rows, k), *weights, arrivals.counts],
         template=[("MT", mt), ("NT", nt), ("REDUCE", int(reduce)), *template],
