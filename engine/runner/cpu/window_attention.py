@@ -88,9 +88,9 @@ class InPlaceWindows:
         return quantized or cache_refusal(target.model)  # its windows cover every past token of a row
 
     def build(self, target: Target, picked: Mapping[str, str]) -> tuple[WindowedAttention | None, str | None]:
-        # The hook must reach every layer: a layer that calls MLX's attention itself would read raw pools.
-        if not attention_hook.routes_every_layer(target.model):
-            return None, "a layer's attention does not go through the hook"
+        refusal = attention_hook.pool_refusal(target.model)
+        if refusal is not None:
+            return None, refusal
         storage = target.storage
         pool_tokens = storage.keys[0].shape[1] * storage.block_size
         return WindowedAttention(pool_tokens, picked.get("math") == "cpu_math"), None

@@ -55,8 +55,9 @@ class CudaGraphDecode:
         return cache_refusal(target.model)  # the kernel masks causally over every past token
 
     def build(self, target: Target, picked: Mapping[str, str]) -> tuple[DecodeGraph | None, str | None]:
-        if not attention_hook.install(target.model):
-            return None, "the model's attention cannot be hooked"
+        refusal = attention_hook.pool_refusal(target.model)
+        if refusal is not None:
+            return None, refusal
         rows = QuantizedRowsUse(target.quantized_rows)
         fuse_gate_up(target.model, rows)
         use_small_rows_kernel(target.model)

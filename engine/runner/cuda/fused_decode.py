@@ -62,8 +62,9 @@ class CudaFusedDecode:
         fused = FusedDecode.for_target(target, CudaKernels(), QuantizedRowsUse(target.quantized_rows))
         if isinstance(fused, str):
             return None, fused
-        if not attention_hook.install(target.model):
-            return None, "the model's attention cannot be hooked"
+        refusal = attention_hook.pool_refusal(target.model)
+        if refusal is not None:
+            return None, refusal
         reason = probe(fused, target, reference_kernel=True)
         return (fused, None) if reason is None else (None, reason)
 
