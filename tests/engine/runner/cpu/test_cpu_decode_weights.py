@@ -3,6 +3,7 @@ matmul paths agree with mx.quantized_matmul at every row count (and over float32
 logits, and the bundled Q4_1 model serves mlx-lm's own greedy tokens with its prefill in the kernel."""
 
 import ctypes
+import dataclasses
 import platform
 
 import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
@@ -64,6 +65,31 @@ def test_both_matmul_paths_equal_mlxs_quantized_matmul(bits, group, hidden, widt
                 == 0
             )
             np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4, err_msg=f"{rows} rows, mode {mode}")
+
+
+def test_two_workers_compute_every_channel_of_a_wide_matmul_once_call_after_call():
+    """The work-sharing pool splits a matmul's items in two ranges, and a worker done with its own takes
+    from the back of the other's: over many calls (the helper asleep in some, racing in others), every
+    output channel comes out, equal to mx.quantized_matmul's."""
+    decode = built(quantized_llama(4, 32, 64, 96))
+    decode.blas = dataclasses.replace(decode.blas, threads=2)
+    decode._configure()
+    wide = nn.QuantizedLinear.from_linear(nn.Linear(64, 24 * 41 + 5), group_size=32, bits=4)
+    matrix = cpu_decode._matrix(wide)
+    lib = decode._lib
+    lib.matmul.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+    pointers = (ctypes.c_void_p * 3)(*matrix.pointers)
+    fmt = np.array([4, 32], dtype=np.int32)
+    out = wide.weight.shape[0]
+    for call in range(60):
+        rows = 1 + call % 4
+        x = np.random.default_rng(call).standard_normal((rows, 64)).astype(np.float32)
+        expected = np.asarray(
+            mx.quantized_matmul(mx.array(x), wide.weight, wide.scales, wide.biases, True, 32, 4)
+        )
+        y = np.full((rows, out), np.nan, np.float32)
+        assert lib.matmul(pointers, fmt.ctypes.data, x.ctypes.data, y.ctypes.data, rows, out, 64, 0) == 0
+        np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4, err_msg=f"call {call}")
 
 
 @pytest.mark.parametrize("tied", [True, False])
