@@ -6,7 +6,7 @@
    (worker 0) and the helper (worker 1). Each worker owns a range of the items, first and end packed in
    one atomic, and takes them one at a time from its front, in order: each core streams its own half of
    a weight from memory. (Items dealt out in turn, 24 output channels each, broke both cores' streams
-   at every item: a one-row 4-bit forward took twice as long.) A worker whose range is empty takes
+   at every item: a one-row 4-bit forward took 1.5x as long.) A worker whose range is empty takes
    items from the back of the other's, so a preempted worker's items do not wait for it. The caller
    waits only for items already claimed. A job's fields are written while every range is empty, and
    the ranges publish them: a claim that finds an item belongs to the job whose fields it then reads,
