@@ -32,6 +32,7 @@ from pathlib import Path
 from engine.platform.blas import blas_state, default_blas_threads
 from engine.platform.paths import cache_dir
 from engine.runner.cpu.cpu_decode_probe import probe_refusal
+from engine.runner.cpu.direct_rows import measure_direct_rows
 from engine.runner.fast_path import Target, cache_refusal, quantized_kv_refusal
 from engine.runner.kv_quant import group_size
 from engine.runner.kv_storage import KVStorage
@@ -82,37 +83,6 @@ class Matrix:
         return rows, cols * 32 // self.bits if self.bits else cols
 
 
-# The load-time measurement of direct_rows starts no new row count after this long.
-MEASURE_BUDGET_S = 5.0
-# A row count where the own matmuls are at most this much slower than OpenBLAS's does not end the
-# measurement: timing noise between two memory-bound forwards is of this order.
-DIRECT_TIE = 0.05
-
-
-def _clearly_slower(own: float, blas: float) -> bool:
-    return own > blas * (1 + DIRECT_TIE)
-
-
-def pick_direct_rows(measured: dict[int, tuple[float, float]]) -> tuple[int, int]:
-    """From (own, OpenBLAS) forward seconds at each row count: (direct_min, direct_rows), the row counts
-    whose matmuls are the kernel's own. One row is memory-bound in both modes and decided alone: the own
-    matmuls unless sgemv is more than DIRECT_TIE faster, since served, the server's other processes
-    preempt a worker now and then, and the own matmuls' other worker takes over its channels where
-    sgemv's split waits for it (a single f32 stream over HTTP: 19.1-21.9 against 25.2-26.5 ms a token,
-    docs/benchmarks.md). Past it, the largest count where the own matmuls are faster, with every count
-    between at most DIRECT_TIE slower: a near tie at a few rows must not send the rows where the own
-    matmuls win by a third (16 on a 2-core AVX-512 machine) to OpenBLAS. (1, 0): none."""
-    one = 1 in measured and not _clearly_slower(*measured[1])
-    best = 1 if one else 0
-    for rows in sorted(r for r in measured if r > 1):
-        own, blas = measured[rows]
-        if _clearly_slower(own, blas):
-            break
-        if own <= blas:
-            best = rows
-    return (1 if one or best == 0 else 2), best
-
-
 class CpuDecode:
     """Calls the built kernel for one step: (rows,) tokens at (rows,) positions -> logits of the rows asked
     for. Weights in float32 or MLX's affine 4/8-bit codes (`Matrix`)."""
@@ -154,30 +124,8 @@ class CpuDecode:
         self._lib.configure(blas.sgemm, blas.sgemv, blas.threads, self.direct_min, self.direct_rows)
 
     def _measure_direct_rows(self) -> tuple[int, int]:
-        """The row counts for which the kernel's own matmuls (each weight read once for every row) make a
-        faster forward than OpenBLAS's (sgemv/sgemm over float32 weights, which copy them first; sgemm
-        over dequantized tiles of quantized ones). Whole forwards are timed, the two modes alternating
-        (min of a few each), on scratch pools: where the two cross depends on the CPU's vector width,
-        its cores, its memory and the BLAS, and a matmul timed alone misses what OpenBLAS's threads and
-        this kernel's cost each other inside a forward."""
-        measured: dict[int, tuple[float, float]] = {}
-        began = time.perf_counter()
-        for rows in (1, 2, 4, 8, 16, MAX_DIRECT):
-            if time.perf_counter() - began > MEASURE_BUDGET_S:  # a large model: keep what was shown
-                break
-            forward = self.scratch_forward(rows)
-            times: list[list[float]] = [[], []]
-            for _ in range(3):
-                for mode, direct in enumerate((rows, 0)):
-                    times[mode].append(forward(direct))
-            measured[rows] = (min(times[0]), min(times[1]))
-            logger.debug("C forward: %d rows, own matmuls %.1f ms, OpenBLAS's %.1f ms", rows,
-                         measured[rows][0] * 1e3, measured[rows][1] * 1e3)  # fmt: skip
-            if rows > 1 and _clearly_slower(*measured[rows]):  # pick_direct_rows stops there too
-                break
-        lowest, best = pick_direct_rows(measured)
-        logger.info("C forward: its own matmuls from %d to %d rows, OpenBLAS's for the others", lowest, best)
-        return lowest, best
+        """(direct_min, direct_rows) for this model on this machine (engine/runner/cpu/direct_rows.py)."""
+        return measure_direct_rows(self.scratch_forward, MAX_DIRECT)
 
     def scratch_forward(self, rows: int) -> Callable[[int], float]:
         """A timer of whole forwards of `rows` rows on scratch pools (one block per row, each row at

@@ -6,8 +6,8 @@
 #define FT_CHANNELS 3 /* output channels of one float tile */
 
 /* y = x @ w.T for few rows and `channels` consecutive output channels of float32 weights (w: the first
-   channel's row): FT_CHANNELS channels at a time against every four rows, so each weight is read once
-   from memory (with `streamed`, the next tile prefetched during the first four rows; a buffer already
+   channel's row): FT_CHANNELS channels at a time against every FT_ROWS rows, so each weight is read once
+   from memory (with `streamed`, the next tile prefetched during the first FT_ROWS rows; a buffer already
    in L1 needs none). sgemm would first copy (pack) the whole weight. */
 static void float_block(const float *w, int channels, const float *x, float *y, int rows, int out, int in,
                         int streamed) {
@@ -15,8 +15,8 @@ static void float_block(const float *w, int channels, const float *x, float *y, 
         const int c = channels - c0 < FT_CHANNELS ? channels - c0 : FT_CHANNELS;
         const float *wc = w + (size_t)c0 * in;
 #ifdef SIMD_AVX2
-        for (int r0 = 0; r0 < rows; r0 += 4)
-            FTILES[(rows - r0 < 4 ? rows - r0 : 4) - 1][c - 1](wc, in, x + (size_t)r0 * in,
+        for (int r0 = 0; r0 < rows; r0 += FT_ROWS)
+            FTILES[(rows - r0 < FT_ROWS ? rows - r0 : FT_ROWS) - 1][c - 1](wc, in, x + (size_t)r0 * in,
                                                               y + (size_t)r0 * out + c0, out,
                                                               streamed && r0 == 0 ? FT_CHANNELS * in : 0);
 #else

@@ -58,7 +58,8 @@ def test_both_matmul_paths_equal_mlxs_quantized_matmul(bits, group, hidden, widt
     model = quantized_llama(bits, group, hidden, width)
     decode = built(model)
     proj = model.model.layers[0].mlp.down_proj  # (hidden, width): several groups per row
-    for rows in (1, 3, 6, 8, cpu_decode.MAX_DIRECT, 70):  # 6: a tile of four rows and one of two
+    # 6 and 13: full float tiles of rows and a part one (tiles of 4 rows with AVX2, 8 with AVX-512)
+    for rows in (1, 3, 6, 8, 13, cpu_decode.MAX_DIRECT, 70):
         x = np.random.default_rng(rows).standard_normal((rows, width)).astype(np.float32)
         if bits:
             expected = np.asarray(
@@ -164,24 +165,14 @@ def test_the_portable_loops_a_cpu_without_avx2_runs_agree_too(monkeypatch):
     test_a_chunk_as_rows_of_one_sequence_gives_mlxs_logits(tied=True)
 
 
-@pytest.mark.parametrize(
-    "measured, expected",
-    [
-        # One row a near tie (memory-bound in both modes, and served the own matmuls share work better),
-        # 16 rows a clear win: the own matmuls from 1 to 16.
-        ({1: (12.4, 12.3), 2: (13.0, 14.0), 16: (25.9, 36.1), 32: (60.0, 50.0)}, (1, 16)),
-        ({1: (12.0, 12.3), 2: (13.0, 14.0), 16: (25.9, 36.1), 32: (60.0, 50.0)}, (1, 16)),
-        ({1: (13.0, 12.3), 2: (13.0, 14.0), 16: (25.9, 36.1)}, (2, 16)),  # sgemv 6% faster at one row
-        # sgemv 10% faster at one row, the own tiles faster from 2 rows on: one row alone to OpenBLAS.
-        ({1: (15.3, 14.0), 2: (15.0, 16.0), 4: (16.5, 16.0), 8: (18.0, 25.0)}, (2, 8)),
-        ({1: (10.0, 12.0), 2: (10.0, 9.0), 4: (5.0, 9.0)}, (1, 1)),  # 2 rows 11% slower: the walk ends
-        ({1: (14.0, 12.0), 2: (20.0, 15.0)}, (1, 0)),  # OpenBLAS's for every count
-        ({1: (12.1, 12.0)}, (1, 1)),
-        ({1: (12.7, 12.0)}, (1, 0)),
-    ],
-)
-def test_direct_rows_are_where_the_own_matmuls_win_past_near_ties(measured, expected):
-    assert cpu_decode.pick_direct_rows(measured) == expected
+@pytest.mark.skipif(not {"avx2", "fma"} <= set(cpu_decode._cpu_id().split()), reason="needs AVX2 and FMA")
+def test_the_avx2_loops_a_cpu_without_avx512_runs_agree_too(monkeypatch):
+    # Built for Haswell (AVX2, no AVX-512): 8-float vectors and float tiles of four rows, as an AVX2-only
+    # CPU gets them, whichever CPU runs the tests.
+    monkeypatch.setenv("MLX_RAY_SERVE_KERNEL_MARCH", "haswell")
+    test_both_matmul_paths_equal_mlxs_quantized_matmul(4, 32, 64, 96)
+    test_both_matmul_paths_equal_mlxs_quantized_matmul(0, 0, 64, 100)
+    test_a_chunk_as_rows_of_one_sequence_gives_mlxs_logits(tied=True)
 
 
 def test_the_build_key_changes_with_any_header_the_source_includes(tmp_path, monkeypatch):
