@@ -184,6 +184,13 @@ def start_server(
         config = ours_config_file(peer, args, cache)
         cmd = [str(Path(sys.executable).parent / "serve"), "run", str(config)]
         port = ours_port(ours_config(config))
+        if peer.direct_ingress:  # the Ingress replica's own HTTP server takes the load; Ray's proxy stays
+            port = args.base_port + index
+            env |= {
+                "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+                "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(port),
+                "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(port + 8),
+            }
         return serve_proc.start(peer.name, cmd, env, REPO, log_path, port, signal.SIGINT)
     inputs = serve_peers.ServeInputs(
         cache=cache,

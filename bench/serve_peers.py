@@ -53,6 +53,9 @@ class Peer:
     weights: str | None = None  # llama.cpp peers: a key of LLAMA_WEIGHTS
     venv_name: str | None = None  # one venv for the weight variants of a peer; None: the peer's name
     install_env: dict[str, str] = field(default_factory=dict)  # extra environment for `pip install`
+    # ours: started with Ray Serve's direct ingress (each Ingress replica serves HTTP on its own port,
+    # no hop through Ray's proxy), and loaded on that port
+    direct_ingress: bool = False
 
     def venv(self, cache: Path) -> Path:
         return cache / "bench-venvs" / (self.venv_name or self.name)
@@ -93,6 +96,12 @@ OURS_VERSIONS = ["mlx-ray-serve", "mlx", "mlx-lm", "ray"]
 PEERS: dict[str, Peer] = {
     "ours": Peer("ours", "ours", [], OURS_VERSIONS, "ignore_eos"),
     **{name: Peer(name, "ours", [], OURS_VERSIONS, "ignore_eos", model=m) for name, m in OURS_MODELS.items()},
+    **{
+        f"{name}-direct": Peer(
+            f"{name}-direct", "ours", [], OURS_VERSIONS, "ignore_eos", model=m, direct_ingress=True
+        )
+        for name, m in {"ours": None, **OURS_MODELS}.items()
+    },
     "mlx-lm": Peer(
         "mlx-lm", "mlx-lm", [MLX_LM, "mlx[cpu]"], ["mlx-lm", "mlx"], "logit_bias", use_model_path=True
     ),
