@@ -185,8 +185,9 @@ static void deinterleave_x(const float *x, float *xp, int rows, int in) {
    AVX2 (sixteen registers) takes 4 x 3: twelve accumulators, enough independent FMA chains to keep both
    FMA units busy. AVX-512 (32 registers, vectors 16 floats wide: fvec) takes up to 8 x 3: 24
    accumulators, three weights and a row, and each weight loaded from L1 feeds eight FMAs, not four. At
-   16 rows a matmul then reads each weight tile twice, not four times: 1.3-1.7x faster at 8 and 16
-   rows, measured with both cores on a Zen 5 EPYC. The empty asm statements hold the loaded vectors in
+   16 rows a matmul then reads each weight tile twice, not four times. On a 2-core Zen 5 EPYC: the
+   matmul alone 1.3-1.7x faster at 16 rows, a whole 16-row forward 5-12% (docs/benchmarks.md,
+   "Eighth pass"). The empty asm statements hold the loaded vectors in
    registers: GCC would otherwise fold a load into every FMA. `ahead` > 0 prefetches the weights that
    many floats on (the next tile's), which the forward streams from memory faster than the hardware
    prefetcher alone brings them. A row's sums run in the same order whatever the tile: the rows a
