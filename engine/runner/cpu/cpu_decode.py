@@ -115,17 +115,14 @@ class CpuDecode:
         self.direct_min, self.direct_rows = 1, MAX_DIRECT
         self.blas = blas
         lib.configure.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 3
-        self.direct_min, self.direct_rows = self._measure_direct_rows()
+        # the row counts whose forwards are faster with the own matmuls, on this machine
+        self.direct_min, self.direct_rows = measure_direct_rows(self.scratch_forward, MAX_DIRECT)
 
     def _configure(self) -> None:
         """The library's settings are per process, and two models of one shape share one library: each
         call sets this instance's."""
         blas = self.blas
         self._lib.configure(blas.sgemm, blas.sgemv, blas.threads, self.direct_min, self.direct_rows)
-
-    def _measure_direct_rows(self) -> tuple[int, int]:
-        """(direct_min, direct_rows) for this model on this machine (engine/runner/cpu/direct_rows.py)."""
-        return measure_direct_rows(self.scratch_forward, MAX_DIRECT)
 
     def scratch_forward(self, rows: int) -> Callable[[int], float]:
         """A timer of whole forwards of `rows` rows on scratch pools (one block per row, each row at

@@ -187,11 +187,11 @@ static void deinterleave_x(const float *x, float *xp, int rows, int in) {
    accumulators, three weights and a row, and each weight loaded from L1 feeds eight FMAs, not four. At
    16 rows a matmul then reads each weight tile twice, not four times. On a 2-core Zen 5 EPYC: the
    matmul alone 1.3-1.7x faster at 16 rows, a whole 16-row forward 5-12% (docs/benchmarks.md,
-   "Eighth pass"). The empty asm statements hold the loaded vectors in
-   registers: GCC would otherwise fold a load into every FMA. `ahead` > 0 prefetches the weights that
-   many floats on (the next tile's), which the forward streams from memory faster than the hardware
-   prefetcher alone brings them. A row's sums run in the same order whatever the tile: the rows a
-   tile takes change no result. */
+   "Eighth pass"). The empty asm statements hold the loaded vectors in registers: GCC would otherwise
+   fold a load into every FMA. `ahead` > 0 prefetches the weights that many floats on (the next
+   tile's), which the forward streams from memory faster than the hardware prefetcher alone brings
+   them. A row's sums run in the same order whatever the tile: the rows a tile takes change no
+   result. */
 #define DEFINE_FTILE(R, C)                                                                                 \
     static void ftile_##R##_##C(const float *w, int in, const float *x, float *y, int out, int ahead) {    \
         fvec acc[R][C];                                                                                    \

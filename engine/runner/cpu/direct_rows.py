@@ -25,7 +25,6 @@ DIRECT_TIE = 0.05
 # server's other processes starting beside this one) once made the own matmuls look 2x slower at 4
 # rows for three forwards, and sent every decode step of 4 to 32 rows to OpenBLAS.
 CONFIRM_REPS = 5
-ROW_COUNTS = (1, 2, 4, 8, 16, 32)  # measured in this order, up to the kernel's MAX_DIRECT
 
 # scratch_forward(rows) -> forward(direct_rows) -> seconds: one whole forward of `rows` rows, with the
 # own matmuls for up to direct_rows rows (0: OpenBLAS's).
@@ -37,12 +36,13 @@ def measure_direct_rows(scratch_forward: ScratchForward, max_direct: int) -> tup
     up the row counts and stops at the first where the own matmuls are clearly slower, timed twice."""
     measured: dict[int, tuple[float, float]] = {}
     began = time.perf_counter()
-    for rows in (r for r in ROW_COUNTS if r <= max_direct):
+    for rows in (1, 2, 4, 8, 16, max_direct):
         if time.perf_counter() - began > MEASURE_BUDGET_S:  # a large model: keep what was shown
             break
-        own, blas = _time_rows(scratch_forward(rows), rows, 3)
+        forward = scratch_forward(rows)
+        own, blas = _time_rows(forward, rows, 3)
         if _clearly_slower(own, blas):  # it would end the walk: not on one busy moment's word
-            again = _time_rows(scratch_forward(rows), rows, CONFIRM_REPS)
+            again = _time_rows(forward, rows, CONFIRM_REPS)
             own, blas = min(own, again[0]), min(blas, again[1])
         measured[rows] = (own, blas)
         logger.debug(
