@@ -207,19 +207,20 @@ def start_server(
 
 
 def ours_config_file(peer: serve_peers.Peer, args, cache: Path) -> Path:
-    """--config as is, or (a variant with its own model) a copy whose every app serves `peer.model`."""
+    """--config as is, or (a variant with its own model or engine fields) a copy whose every app serves
+    `peer.model` with `peer.engine`'s fields."""
     config = (REPO / args.config).resolve()
-    if peer.model is None:
+    if peer.model is None and not peer.engine:
         return config
     data = ours_config(config)
     for app in data.get("applications", []):
         engine = (app.get("args") or {}).get("engine")
         if engine is None:
             raise RuntimeError(
-                f"{config}: application {app.get('name')!r} has no args.engine to set {peer.model} in; "
-                f"{peer.name} needs a single-model config"
+                f"{config}: application {app.get('name')!r} has no args.engine to set {peer.name}'s "
+                f"fields in; {peer.name} needs a single-model config"
             )
-        engine["model"] = peer.model
+        engine.update({"model": peer.model} if peer.model else {}, **dict(peer.engine))
     out = cache / "bench-configs" / f"{peer.name}.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(yaml.safe_dump(data, sort_keys=False))

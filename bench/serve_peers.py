@@ -56,6 +56,8 @@ class Peer:
     # ours: started with Ray Serve's direct ingress (each Ingress replica serves HTTP on its own port,
     # no hop through Ray's proxy), and loaded on that port
     direct_ingress: bool = False
+    # ours: EngineConfig fields set on top of the config's (e.g. a fast path off, for an A/B in one run)
+    engine: tuple[tuple[str, object], ...] = ()
 
     def venv(self, cache: Path) -> Path:
         return cache / "bench-venvs" / (self.venv_name or self.name)
@@ -102,6 +104,11 @@ PEERS: dict[str, Peer] = {
         )
         for name, m in {"ours": None, **OURS_MODELS}.items()
     },
+    # the float32 head read whole for greedy rows too (engine.cpu_greedy_screen off): the baseline of
+    # the screened head (engine/runner/cpu/cpu_greedy.h)
+    "ours-full-head": Peer(
+        "ours-full-head", "ours", [], OURS_VERSIONS, "ignore_eos", engine=(("cpu_greedy_screen", False),)
+    ),
     "mlx-lm": Peer(
         "mlx-lm", "mlx-lm", [MLX_LM, "mlx[cpu]"], ["mlx-lm", "mlx"], "logit_bias", use_model_path=True
     ),

@@ -236,6 +236,17 @@ class EngineConfig(BaseModel):
         ),
     )
 
+    cpu_greedy_screen: bool | None = Field(
+        None,
+        description=(
+            "In the C forward (cpu_decode), steps of up to 3 rows that all sample plain greedy choose their "
+            "tokens through a bfloat16 copy of a float32 head, then the float32 logits of the few tokens that "
+            "could still be the largest (engine/runner/cpu/cpu_greedy.h): the same tokens, with half the head "
+            "read (a single SmolLM2-135M stream reads 10% fewer bytes per token). Costs the copy's memory "
+            "(2 bytes per head weight). None or True: on, where the load probe agrees; False: the full head."
+        ),
+    )
+
     speculative: SpeculativeConfig | None = Field(
         None,
         description="Speculative decoding in the batched step (engine/spec_decode/); None: off. Requests "

@@ -219,10 +219,11 @@ class LLMEngine:
         self.scheduler.advance(plan)
         if not step.items and not step.spec_items:  # prefill chunks that do not reach a prompt's end
             return outputs + self._read_in_flight()
-        if self.sampler.on_device and step.items:
+        chosen = step.token_ids is not None  # the forward chose greedy tokens itself: read them now
+        if self.sampler.on_device and step.items and not chosen:
             return outputs + self._sample_on_device(step) + self._verify_drafts(step)
         on_device = all(samples_on_device(s.request) for s in step.items)
-        if self.async_scheduling and on_device and not step.spec_items:
+        if self.async_scheduling and on_device and not step.spec_items and not chosen:
             launched = DeviceTokens(step.items, mx.argmax(step.logits, axis=-1).astype(mx.int32))
             mx.async_eval(launched.token_ids)
             outputs += self._read_in_flight()

@@ -73,7 +73,9 @@ class StepSampler:
         ]
 
     def on_host(self, step: StepLogits) -> Sampled:
-        """Every row sampled on the host, read now."""
+        """Every row sampled on the host, read now (or chosen by the forward already: `token_ids`)."""
+        if step.token_ids is not None:
+            return Sampled(step.items, {s.request.request_id: t for s, t in zip(step.items, step.token_ids)})
         try:
             mx.eval(step.logits)
             rows = self.rows(step.items)

@@ -93,7 +93,11 @@ class Choice:
 
 def choose(target: Target, config: EngineConfig) -> Choice:
     """Asks every fast path in order; see the module's table."""
-    target = replace(target, quantized_rows=config.cuda_quantized_rows is not False)
+    target = replace(
+        target,
+        quantized_rows=config.cuda_quantized_rows is not False,
+        greedy_screen=config.cpu_greedy_screen is not False,
+    )
     choice = Choice(target)
     for path in FAST_PATHS:
         reason = _refusal(path, choice, getattr(config, path.setting))

@@ -32,6 +32,8 @@ class Target:
     head: Head | None  # the model's head split from its backbone, None where the model has none
     # The CUDA paths may use the 4-bit rows kernel: engine.cuda_quantized_rows, set by backends.choose.
     quantized_rows: bool = True
+    # The CPU's C forward may screen a float32 head for greedy rows: engine.cpu_greedy_screen, likewise.
+    greedy_screen: bool = True
 
 
 class DecodePath(Protocol):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, cast
 from engine.core.scheduler import ScheduledRequest, SchedulerPlan
 from engine.messages import ComputePaths
 from engine.models.vision_inputs import model_inputs
+from engine.output.sampler import samples_on_device
 from engine.runner.backends import Choice
 from engine.runner.fast_path import ChunkPath
 from engine.runner.layer_caches import LayerCaches
@@ -38,6 +39,9 @@ class StepLogits:
     # position, (num_new_tokens, vocab) float32, lazy. Not in `items`.
     spec_items: list[ScheduledRequest] = field(default_factory=list)
     spec_logits: list[mx.array] = field(default_factory=list)
+    # The items' tokens, chosen by the forward itself where every item samples plain greedy (the CPU's
+    # C forward screens its head: engine/runner/cpu/cpu_greedy.h); `logits` is then (len(items), 0).
+    token_ids: list[int] | None = None
 
 
 @dataclass
@@ -90,7 +94,9 @@ class ModelRunner:
             and all(s.start < s.request.num_known_tokens for s in decode)  # else async: on the device
         ):
             # One call for every decode row and prefill chunk (the CPU's C forward).
-            items, logits = self._forward_rows(decode + prefill)
+            items, logits, token_ids = self._forward_rows(decode + prefill)
+            if token_ids is not None:
+                return StepLogits(items, mx.zeros((len(items), 0)), spec, self._forward_spec(spec), token_ids)
             rows, decode, prefill = [logits], [], []
         # Chunks of similar length two by two (a short partner would leave the long chunk alone
         # on one BLAS thread, slower than two); the rest one by one.
@@ -115,10 +121,13 @@ class ModelRunner:
         logits = mx.concatenate(rows).astype(mx.float32) if rows else mx.zeros((0, 1))
         return StepLogits(items, logits, spec, spec_logits)
 
-    def _forward_rows(self, scheduled: list[ScheduledRequest]) -> tuple[list[ScheduledRequest], mx.array]:
+    def _forward_rows(
+        self, scheduled: list[ScheduledRequest]
+    ) -> tuple[list[ScheduledRequest], mx.array, list[int] | None]:
         """Decode rows and prefill chunks as rows of one decode-path call: a chunk's tokens are rows of
         one sequence at consecutive positions. Logits of the rows that sample: a decode row, a chunk's
-        last token."""
+        last token; or, where all of them sample plain greedy and the path chooses their tokens itself
+        (`step_greedy`), those tokens."""
         path = cast(ChunkPath, self.decode)
         tokens: list[int] = []
         starts: list[int] = []
@@ -138,8 +147,16 @@ class ModelRunner:
                 logit_rows.append(len(tokens) - 1)
         if not sampled:  # chunks that do not end their prompt: K/V only, one row's logits discarded
             logit_rows = [0]
-        logits = path.step(mx.array(tokens, dtype=mx.int32), starts, tables, logit_rows)
-        return sampled, logits if sampled else logits[:0]
+        inputs = mx.array(tokens, dtype=mx.int32)
+        greedy = getattr(path, "step_greedy", None)
+        # Before the scheduler's advance, samples_on_device counts one output fewer toward min_tokens:
+        # it says plain greedy only where the engine's own check would.
+        if greedy is not None and sampled and all(samples_on_device(s.request) for s in sampled):
+            token_ids = greedy(inputs, starts, tables, logit_rows)
+            if token_ids is not None:
+                return sampled, mx.zeros((len(sampled), 0)), token_ids
+        logits = path.step(inputs, starts, tables, logit_rows)
+        return sampled, logits if sampled else logits[:0], None
 
     def _forward_spec(self, spec: list[ScheduledRequest]) -> list[mx.array]:
         """Logits at every position of each row with drafts: rows of one length run as one forward

@@ -21,8 +21,9 @@
    HD * KV_BITS / 32) uint32, and scales and biases (KVH, NB, BS, HD / KV_GROUP) float; a new K/V
    vector is quantized as mx.quantize does it, and attention dequantizes each block it reads.
 
-   One translation unit in five files: this one (sizes, settings, the forward), cpu_pool.h (the helper
-   thread), cpu_tiles.h (vector kernels), cpu_matmul.h (the matmuls) and cpu_kv.h (the pools, attention). */
+   One translation unit in six files: this one (sizes, settings, the forward), cpu_pool.h (the helper
+   thread), cpu_tiles.h (vector kernels), cpu_matmul.h (the matmuls), cpu_kv.h (the pools, attention)
+   and cpu_greedy.h (greedy rows' tokens through a screened head). */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -100,6 +101,7 @@ static inline int direct(int rows) { return rows >= g_direct_min && rows <= g_di
 #include "cpu_tiles.h"
 #include "cpu_matmul.h"
 #include "cpu_kv.h"
+#include "cpu_greedy.h"
 
 static void rms_norm(const float *x, const float *w, float *y, int rows) {
     for (int b = 0; b < rows; b++) {
@@ -185,15 +187,18 @@ static void swiglu_item(void *ctx, int item, int worker) {
 /* weights: embed (VOCAB, H), final norm (H), lm head (VOCAB, H), then PER_LAYER per layer, each as
    weight_at reads it. pools: per layer K then V, each PARTS pointers (data; and scales, biases where
    quantized), each array (KVH, pool_blocks, BS, width). logits: (n_logits, VOCAB), for the rows
-   logit_rows names. Returns 0, or -1 when scratch memory could not be had. */
+   logit_rows names. With `greedy` (n_logits int32), the rows' greedy tokens instead (cpu_greedy.h,
+   through `screen`, the head in bfloat16, and `screen_err`, its rows' error bounds): a row whose token
+   is -1 has its full logits in `logits`. Returns 0, or -1 when scratch memory could not be had. */
 int decode_forward(const void *const *weights, const int32_t *formats, void *const *pools, int pool_blocks,
                    int rows, const int32_t *tokens, const int32_t *positions, const int32_t *tables,
-                   int max_blocks, int n_logits, const int32_t *logit_rows, float *logits) {
+                   int max_blocks, int n_logits, const int32_t *logit_rows, float *logits,
+                   const uint16_t *screen, const float *screen_err, int32_t *greedy) {
     const mat_t embed = weight_at(weights, formats, 0), head = weight_at(weights, formats, 2);
     const float *final_norm = weights[3];
     size_t per_row = 2 * H + 2 * (size_t)NQ * HD + 2 * (size_t)KVH * HD + 2 * (size_t)FF;
-    size_t direct = (size_t)(rows < MAX_DIRECT ? rows : MAX_DIRECT) * MAX_IN / 32;
-    size_t extra = (size_t)WORKERS * 2 * BS * HD + (size_t)TILE * MAX_IN + direct;
+    size_t sums = (size_t)(rows < MAX_DIRECT ? rows : MAX_DIRECT) * MAX_IN / 32; /* xsum */
+    size_t extra = (size_t)WORKERS * 2 * BS * HD + (size_t)TILE * MAX_IN + sums;
     float *buf = malloc(sizeof(float) * (per_row * rows + extra));
     if (!buf) return -1;
     float *x = buf, *h = x + (size_t)rows * H, *q = h + (size_t)rows * H, *att = q + (size_t)rows * NQ * HD;
@@ -227,7 +232,18 @@ int decode_forward(const void *const *weights, const int32_t *formats, void *con
     /* g and u, (2 * rows * FF) floats, are free now */
     for (int i = 0; i < n_logits; i++) memcpy(g + (size_t)i * H, x + (size_t)logit_rows[i] * H, H * 4);
     rms_norm(g, final_norm, h, n_logits);
-    linear(head, h, logits, n_logits, VOCAB, H, sc);
+    if (greedy && screen && head.bits == 0 && n_logits <= SCREEN_ROWS && direct(n_logits)) {
+        float *scratch = malloc(sizeof(float) * GREEDY_SCRATCH(n_logits));
+        if (!scratch) {
+            free(buf);
+            return -1;
+        }
+        greedy_head((const float *)head.w, screen, screen_err, h, n_logits, scratch, greedy, logits);
+        free(scratch);
+    } else {
+        linear(head, h, logits, n_logits, VOCAB, H, sc);
+        for (int i = 0; greedy && i < n_logits; i++) greedy[i] = -1;
+    }
     free(buf);
     return 0;
 }

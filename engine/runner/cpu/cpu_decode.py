@@ -52,6 +52,7 @@ _KERNEL_BITS = (8, 4)  # the quantized pools the kernel reads and writes
 _WEIGHT_BITS = (8, 4)  # the quantized weights it reads (MLX's affine mode)
 _WEIGHT_GROUPS = (32, 64, 128)
 MAX_DIRECT = 32  # cpu_decode.c's MAX_DIRECT: the most rows one direct quantized matmul takes
+SCREEN_ROWS = 3  # cpu_greedy.h's SCREEN_ROWS: the most greedy rows whose head one call screens
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,41 @@ class Matrix:
         return rows, cols * 32 // self.bits if self.bits else cols
 
 
+_FLOAT32_UNIT = 2.0**-24  # float32's unit roundoff
+_SCREEN_CHUNK = 4096  # head rows per step of Screen.of
+
+
+@dataclass(frozen=True)
+class Screen:
+    """A float32 head's bfloat16 copy (round to nearest even) and each row's bound on how far the
+    screen's logit can lie from the full head's, per unit of the hidden row's norm (cpu_greedy.h)."""
+
+    weights: np.ndarray  # (vocab, hidden) uint16, bfloat16 bits
+    err: np.ndarray  # (vocab,) float32, rounded up
+
+    @classmethod
+    def of(cls, head: np.ndarray) -> Screen | None:
+        """The screen of `head` (vocab, hidden) float32; None where a weight is not finite."""
+        vocab, hidden = head.shape
+        gamma = hidden * _FLOAT32_UNIT / (1 - hidden * _FLOAT32_UNIT)  # any float32 sum of `hidden` terms
+        weights, err = np.empty((vocab, hidden), np.uint16), np.empty(vocab, np.float64)
+        for first in range(0, vocab, _SCREEN_CHUNK):  # float64 copies of a few rows at a time
+            rows = head[first : first + _SCREEN_CHUNK]
+            if not np.isfinite(rows).all():
+                return None
+            bits = rows.view(np.uint32)
+            rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+            copy = (rounded.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+            exact = rows.astype(np.float64)
+            norms = np.linalg.norm(exact, axis=1) + np.linalg.norm(copy, axis=1)
+            err[first : first + len(rows)] = np.linalg.norm(exact - copy, axis=1) + gamma * norms
+            weights[first : first + len(rows)] = rounded
+        err = err * (1 + 1e-6) + 1e-30
+        err32 = err.astype(np.float32)
+        err32 = np.where(err32.astype(np.float64) < err, np.nextafter(err32, np.float32(np.inf)), err32)
+        return cls(weights, err32)
+
+
 class CpuDecode:
     """Calls the built kernel for one step: (rows,) tokens at (rows,) positions -> logits of the rows asked
     for. Weights in float32 or MLX's affine 4/8-bit codes (`Matrix`)."""
@@ -91,13 +127,21 @@ class CpuDecode:
     # consecutive positions (a row's drafts to verify, a prefill chunk) run as one call.
     rows_share_sequences = True
 
-    def __init__(self, lib: ctypes.CDLL, blas: Blas, weights: list[Matrix], vocab: int, storage: KVStorage):
+    def __init__(
+        self,
+        lib: ctypes.CDLL,
+        blas: Blas,
+        weights: list[Matrix],
+        vocab: int,
+        storage: KVStorage,
+        screen: bool = True,
+    ):
         self._storage = storage
         self._lib = lib
         self._fn = lib.decode_forward
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 3
-        self._fn.argtypes += [ctypes.c_int] * 2 + [ctypes.c_void_p] * 2
+        self._fn.argtypes += [ctypes.c_int] * 2 + [ctypes.c_void_p] * 5
         self._keep = [
             a for m in weights for a in m.arrays
         ]  # keeps the buffers' addresses valid while we live
@@ -117,6 +161,10 @@ class CpuDecode:
         lib.configure.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 3
         # the row counts whose forwards are faster with the own matmuls, on this machine
         self.direct_min, self.direct_rows = measure_direct_rows(self.scratch_forward, MAX_DIRECT)
+        # Greedy rows screen a float32 head through its bfloat16 copy (cpu_greedy.h); None: a quantized
+        # head, which the kernel reads whole. The load probe may drop it (cpu_decode_probe.py).
+        head = weights[2]
+        self.screen: Screen | None = Screen.of(head.arrays[0]) if screen and not head.bits else None
 
     def _configure(self) -> None:
         """The library's settings are per process, and two models of one shape share one library: each
@@ -158,16 +206,41 @@ class CpuDecode:
         """tokens, positions (rows,) int32; tables (rows, max_blocks) int32; `pools` as `pool_arrays`
         orders them, each a view of (kv_heads, pool_blocks, block_size, width). Logits of `logit_rows`
         (int32 row indices; default: every row), in that order. Runs synchronously."""
+        return self._forward(tokens, positions, tables, pools, pool_blocks, logit_rows, None)
+
+    def greedy(
+        self,
+        tokens: np.ndarray,
+        positions: np.ndarray,
+        tables: np.ndarray,
+        pools: list[np.ndarray],
+        pool_blocks: int,
+        logit_rows: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """As `__call__`, but the greedy token of each of `logit_rows` (the first argmax of its logits,
+        as numpy's), through the screened head (cpu_greedy.h). Also returns the logits array, which
+        holds each row's candidates' logits (all of them for a row the screen could not narrow)."""
+        assert self.screen is not None, "a float32 head screens"
+        chosen = np.empty(len(logit_rows) if logit_rows is not None else len(tokens), dtype=np.int32)
+        logits = self._forward(tokens, positions, tables, pools, pool_blocks, logit_rows, chosen)
+        for row in np.flatnonzero(chosen < 0):  # the screen stepped aside: the row's full logits
+            chosen[row] = int(np.argmax(logits[row]))
+        return chosen, logits
+
+    def _forward(self, tokens, positions, tables, pools, pool_blocks, logit_rows, chosen) -> np.ndarray:
         rows, max_blocks = tables.shape
         if logit_rows is None:
             logit_rows = np.arange(rows, dtype=np.int32)
         logits = np.empty((len(logit_rows), self.vocab), dtype=np.float32)
         pointers = (ctypes.c_void_p * len(pools))(*(p.ctypes.data for p in pools))
+        screen = self.screen if chosen is not None else None
         self._configure()
         status = self._fn(
             self._weights, self._formats.ctypes.data, pointers, pool_blocks, rows,
             tokens.ctypes.data, positions.ctypes.data, tables.ctypes.data, max_blocks,
             len(logit_rows), logit_rows.ctypes.data, logits.ctypes.data,
+            screen.weights.ctypes.data if screen else None, screen.err.ctypes.data if screen else None,
+            chosen.ctypes.data if screen else None,
         )  # fmt: skip
         if status != 0:
             raise MemoryError("the C decode forward could not allocate its scratch memory")
@@ -182,16 +255,30 @@ class CpuDecode:
     ) -> mx.array:
         """One step over the engine's pools (engine/runner/fast_path.py's DecodePath); waits for MLX's
         pending writes to them first. The tokens are known ones: async scheduling is off on the CPU."""
+        return mx.array(self(*self._step_inputs(tokens, starts, tables, logit_rows)))
+
+    def step_greedy(
+        self, tokens: mx.array, starts: list[int], tables: list[list[int]], logit_rows: list[int]
+    ) -> list[int] | None:
+        """As `step`, for rows whose next token is the plain argmax of their logits: those tokens, or
+        None where this head does not screen, or for more than SCREEN_ROWS rows (the caller takes
+        `step` then)."""
+        if self.screen is None or not 0 < len(logit_rows) <= SCREEN_ROWS:
+            return None
+        chosen, _ = self.greedy(*self._step_inputs(tokens, starts, tables, logit_rows))
+        return chosen.tolist()
+
+    def _step_inputs(self, tokens: mx.array, starts: list[int], tables: list[list[int]], logit_rows):
+        """The kernel's inputs for a step over the engine's pools; waits for MLX's pending writes to them."""
         storage = self._storage
         mx.eval(storage.arrays())
         width = max(len(t) for t in tables)
         table = np.array([t + [t[-1]] * (width - len(t)) for t in tables], dtype=np.int32)
         pools = [_view(a) for a in self.pool_arrays(storage)]
-        logits = self(
+        return (
             np.array(tokens.tolist(), dtype=np.int32), np.array(starts, dtype=np.int32), table, pools,
             storage.keys[0].shape[1], None if logit_rows is None else np.array(logit_rows, dtype=np.int32),
         )  # fmt: skip
-        return mx.array(logits)
 
     @staticmethod
     def pool_arrays(storage: KVStorage) -> list[mx.array]:
@@ -256,6 +343,7 @@ class CForwardDecode:
             weights,
             int(sizes["VOCAB"]),
             storage,
+            screen=target.greedy_screen,
         )
         refusal = probe_refusal(decode, model, storage)
         return (None, refusal) if refusal else (decode, None)

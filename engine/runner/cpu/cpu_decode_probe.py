@@ -8,7 +8,7 @@ Owns only the check. It runs the kernel and MLX on small pools of its own, never
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+from typing import Any, Protocol
 
 from engine.runner.kv_storage import KVStorage
 from engine.runner.paged_attention import PagedLayerCache, StepLayout
@@ -30,6 +30,17 @@ class CpuDecode(Protocol):
         pools: list[np.ndarray],
         pool_blocks: int,
     ) -> np.ndarray: ...
+
+    screen: Any  # the head's Screen for greedy rows (cpu_greedy.h), or None
+
+    def greedy(
+        self,
+        tokens: np.ndarray,
+        positions: np.ndarray,
+        tables: np.ndarray,
+        pools: list[np.ndarray],
+        pool_blocks: int,
+    ) -> tuple[np.ndarray, np.ndarray]: ...
 
     @staticmethod
     def pool_arrays(storage: KVStorage) -> list[mx.array]: ...
@@ -106,12 +117,30 @@ def _float_matches(decode: CpuDecode, model: nn.Module, storage: KVStorage) -> b
     mx.eval(expected)
     reference = np.asarray(expected)
     for pos, token in enumerate(_TOKENS):
-        logits = decode(
-            np.array([token, token], np.int32), np.array([pos, pos], np.int32), tables, pools, num_blocks
+        inputs = (
+            np.array([token, token], np.int32),
+            np.array([pos, pos], np.int32),
+            tables,
+            pools,
+            num_blocks,
         )
+        logits = decode(*inputs)
         if not _close(logits, reference[pos], _TOLERANCE, pos):
             return False
+        if decode.screen is not None and not _greedy_matches(decode, inputs, logits):
+            decode.screen = None  # the full head serves greedy rows too
     return True
+
+
+def _greedy_matches(decode: CpuDecode, inputs: tuple, logits: np.ndarray) -> bool:
+    """The screened head's greedy tokens are the full logits' first argmax, and their logits the full
+    head's bits (the same step again: it writes the same K/V)."""
+    chosen, screened = decode.greedy(*inputs)
+    rows = np.arange(len(chosen))
+    if (chosen == logits.argmax(axis=1)).all() and (screened[rows, chosen] == logits[rows, chosen]).all():
+        return True
+    logger.warning("the C forward's screened head chose other greedy tokens than its full head: not used")
+    return False
 
 
 def _quantizer_matches(decode: CpuDecode, storage: KVStorage) -> bool:

@@ -46,14 +46,24 @@ def test_an_engine_on_the_kernel_samples_what_mlx_samples(llm, mlx_decode):
     prompts = [chat_ids(llm, t) for t in texts] + [chat_ids(llm, texts[0]) + chat_ids(llm, texts[2])]
     rows_seen: list[int] = []  # rows per call: decode rows and prefill chunks' tokens
     sampled_seen: list[int] = []  # rows per call that get logits: decode rows and chunks' last tokens
-    original = llm.runner.decode.step
+    decode = llm.runner.decode
+    originals = {"step": decode.step, "step_greedy": decode.step_greedy}
+    greedy_rows: list[int] = []  # rows per call whose tokens the screened head chose
 
-    def counting(tokens, positions, tables, logit_rows=None):
-        rows_seen.append(len(tokens))
-        sampled_seen.append(len(tokens) if logit_rows is None else len(logit_rows))
-        return original(tokens, positions, tables, logit_rows)
+    def counting(name):
+        def call(tokens, positions, tables, logit_rows=None):
+            result = originals[name](tokens, positions, tables, logit_rows)
+            if result is not None:  # step_greedy's None: the engine calls step next
+                rows_seen.append(len(tokens))
+                sampled_seen.append(len(tokens) if logit_rows is None else len(logit_rows))
+                if name == "step_greedy":
+                    greedy_rows.append(len(result))
+            return result
 
-    llm.runner.decode.step = counting  # type: ignore[method-assign]
+        return call
+
+    for name in originals:
+        setattr(decode, name, counting(name))
     try:
         outs = {}
         for name, engine_ in (("c", llm), ("mlx", mlx_decode)):
@@ -65,8 +75,10 @@ def test_an_engine_on_the_kernel_samples_what_mlx_samples(llm, mlx_decode):
             result = run_to_completion(engine_, arrivals)
             outs[name] = [token_ids(result[f"{name}-{i}"]) for i in range(len(prompts))]
     finally:
-        llm.runner.decode.step = original  # type: ignore[method-assign]
+        for name in originals:
+            delattr(decode, name)
     assert max(sampled_seen) == len(prompts) and min(sampled_seen) == 1
+    assert greedy_rows and max(greedy_rows) <= cpu_decode.SCREEN_ROWS  # greedy steps of few rows screened
     assert max(rows_seen) > len(prompts)  # the prompts' prefill chunks went through the kernel too
     assert outs["c"] == outs["mlx"]
 
