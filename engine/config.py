@@ -243,7 +243,8 @@ class EngineConfig(BaseModel):
             "tokens through a bfloat16 copy of a float32 head, then the float32 logits of the few tokens that "
             "could still be the largest (engine/runner/cpu/cpu_greedy.h): the same tokens, with half the head "
             "read (a single SmolLM2-135M stream reads 10% fewer bytes per token). Costs the copy's memory "
-            "(2 bytes per head weight). None or True: on, where the load probe agrees; False: the full head."
+            "(2 bytes per head weight). None or True: on in kernels built with AVX2 or AVX-512 vectors, where the "
+            "load probe agrees; False: the full head."
         ),
     )
 

@@ -232,7 +232,7 @@ int decode_forward(const void *const *weights, const int32_t *formats, void *con
     /* g and u, (2 * rows * FF) floats, are free now */
     for (int i = 0; i < n_logits; i++) memcpy(g + (size_t)i * H, x + (size_t)logit_rows[i] * H, H * 4);
     rms_norm(g, final_norm, h, n_logits);
-    if (greedy && screen && head.bits == 0 && n_logits <= SCREEN_ROWS && direct(n_logits)) {
+    if (SCREENS && greedy && screen && head.bits == 0 && n_logits <= SCREEN_ROWS && direct(n_logits)) {
         float *scratch = malloc(sizeof(float) * GREEDY_SCRATCH(n_logits));
         if (!scratch) {
             free(buf);

@@ -163,8 +163,9 @@ class CpuDecode:
         self.direct_min, self.direct_rows = measure_direct_rows(self.scratch_forward, MAX_DIRECT)
         # Greedy rows screen a float32 head through its bfloat16 copy (cpu_greedy.h); None: a quantized
         # head, which the kernel reads whole. The load probe may drop it (cpu_decode_probe.py).
-        head = weights[2]
-        self.screen: Screen | None = Screen.of(head.arrays[0]) if screen and not head.bits else None
+        head, lib.screens.restype = weights[2], ctypes.c_int
+        screens = screen and not head.bits and lib.screens() == 1  # a vector build (cpu_greedy.h)
+        self.screen: Screen | None = Screen.of(head.arrays[0]) if screens else None
 
     def _configure(self) -> None:
         """The library's settings are per process, and two models of one shape share one library: each

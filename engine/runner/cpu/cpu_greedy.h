@@ -24,6 +24,17 @@
    screen gave 1.14x at one stream, 1.08x at two, 1.03x at three and 0.96-0.98x at four. */
 #define SCREEN_ROWS 3
 
+/* Builds with vector tiles screen: their sums run in the order the intrinsics spell out, whatever the
+   rows and channels of a call. The portable loops are left to -ffast-math's vectorizer, which may sum
+   one call's rows in another order than another call's: a candidate's logit could then differ from the
+   full head's in its last bit (seen on an x86-64 baseline build), so that build reads the full head. */
+#ifdef SIMD_AVX2
+#define SCREENS 1
+#else
+#define SCREENS 0
+#endif
+int screens(void) { return SCREENS; }
+
 static inline float bf16_value(uint16_t bits) {
     const uint32_t word = (uint32_t)bits << 16;
     float f;
