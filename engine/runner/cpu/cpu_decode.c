@@ -238,7 +238,7 @@ int decode_forward(const void *const *weights, const int32_t *formats, void *con
             free(buf);
             return -1;
         }
-        greedy_head((const float *)head.w, screen, screen_err, h, n_logits, scratch, greedy, logits);
+        greedy_head(head, screen, screen_err, h, n_logits, scratch, greedy, logits);
         free(scratch);
     } else {
         linear(head, h, logits, n_logits, VOCAB, H, sc);

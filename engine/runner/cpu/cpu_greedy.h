@@ -95,7 +95,7 @@ static inline int finite_bits(double value) {
    row's full logits (the caller takes their argmax). A candidate's logit is written to logits[r][j]
    as well, the full head's value, so a test can compare them. `scratch` holds GREEDY_SCRATCH(n) floats. */
 #define GREEDY_SCRATCH(n) ((size_t)(n) * VOCAB + (size_t)MAX_CANDIDATES * H)
-static void greedy_head(const float *head, const uint16_t *screen, const float *err, const float *h, int n,
+static void greedy_head(mat_t head, const uint16_t *screen, const float *err, const float *h, int n,
                         float *scratch, int32_t *tokens, float *logits) {
     float *approx = scratch, *rows = scratch + (size_t)n * VOCAB;
     screen_job_t job = {screen, h, approx, n};
@@ -113,18 +113,20 @@ static void greedy_head(const float *head, const uint16_t *screen, const float *
             const double low = (double)ar[j] - norm * err[j];
             if (low > lower) lower = low;
         }
+        const int bounded = usable && finite_bits(lower);
         int cand[MAX_CANDIDATES], n_cand = 0;
-        for (int j = 0; j < VOCAB && n_cand <= MAX_CANDIDATES && usable && finite_bits(lower); j++)
+        for (int j = 0; bounded && j < VOCAB && n_cand <= MAX_CANDIDATES; j++)
             if ((double)ar[j] + norm * err[j] >= lower) {
                 if (n_cand < MAX_CANDIDATES) cand[n_cand] = j;
                 n_cand++;
             }
-        if (!usable || !finite_bits(lower) || n_cand == 0 || n_cand > MAX_CANDIDATES) {
-            float_block(head, VOCAB, hr, lr, 1, VOCAB, H, 1);
+        if (!bounded || n_cand == 0 || n_cand > MAX_CANDIDATES) {
+            qgemm_direct(hr, NULL, NULL, head, lr, 1, VOCAB, H); /* the full head, as `linear` reads it */
             tokens[r] = -1;
             continue;
         }
-        for (int c = 0; c < n_cand; c++) memcpy(rows + (size_t)c * H, head + (size_t)cand[c] * H, H * 4);
+        const float *w = head.w;
+        for (int c = 0; c < n_cand; c++) memcpy(rows + (size_t)c * H, w + (size_t)cand[c] * H, H * 4);
         float exact[MAX_CANDIDATES];
         float_block(rows, n_cand, hr, exact, 1, n_cand, H, 0);
         int best = 0;
