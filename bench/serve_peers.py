@@ -109,6 +109,11 @@ PEERS: dict[str, Peer] = {
     "ours-full-head": Peer(
         "ours-full-head", "ours", [], OURS_VERSIONS, "ignore_eos", engine=(("cpu_greedy_screen", False),)
     ),
+    # the weights where MLX loaded them, on 4 KB pages (engine.cpu_huge_pages off): the baseline of
+    # engine/runner/cpu/huge_pages.py
+    "ours-4k-pages": Peer(
+        "ours-4k-pages", "ours", [], OURS_VERSIONS, "ignore_eos", engine=(("cpu_huge_pages", False),)
+    ),
     "mlx-lm": Peer(
         "mlx-lm", "mlx-lm", [MLX_LM, "mlx[cpu]"], ["mlx-lm", "mlx"], "logit_bias", use_model_path=True
     ),

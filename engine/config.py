@@ -248,6 +248,17 @@ class EngineConfig(BaseModel):
         ),
     )
 
+    cpu_huge_pages: bool | None = Field(
+        None,
+        description=(
+            "The weights the C forward (cpu_decode) reads are copied, a 64 MB group at a time, into arenas "
+            "aligned to 2 MB and collapsed onto transparent huge pages (MADV_COLLAPSE); the model's arrays become "
+            "views of them, so they are held once (engine/runner/cpu/huge_pages.py). Two cores stream weights "
+            "about 10% faster from 2 MB pages. None or True: on Linux; False: the weights stay where MLX "
+            "loaded them."
+        ),
+    )
+
     speculative: SpeculativeConfig | None = Field(
         None,
         description="Speculative decoding in the batched step (engine/spec_decode/); None: off. Requests "

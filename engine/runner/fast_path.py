@@ -34,6 +34,8 @@ class Target:
     quantized_rows: bool = True
     # The CPU's C forward may screen a float32 head for greedy rows: engine.cpu_greedy_screen, likewise.
     greedy_screen: bool = True
+    # The CPU's C forward may move the weights it reads onto 2 MB pages: engine.cpu_huge_pages, likewise.
+    huge_pages: bool = True
 
 
 class DecodePath(Protocol):

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from engine.platform.blas import blas_state, default_blas_threads
 from engine.platform.paths import cache_dir
+from engine.runner.cpu import huge_pages
 from engine.runner.cpu.cpu_decode_probe import probe_refusal
 from engine.runner.cpu.direct_rows import measure_direct_rows
 from engine.runner.fast_path import Target, cache_refusal, quantized_kv_refusal
@@ -97,11 +98,17 @@ class Screen:
     err: np.ndarray  # (vocab,) float32, rounded up
 
     @classmethod
-    def of(cls, head: np.ndarray) -> Screen | None:
-        """The screen of `head` (vocab, hidden) float32; None where a weight is not finite."""
+    def of(cls, head: np.ndarray, huge: bool = False) -> Screen | None:
+        """The screen of `head` (vocab, hidden) float32; None where a weight is not finite. `huge`: the
+        copy on 2 MB pages (huge_pages.py), where it is read every greedy step."""
         vocab, hidden = head.shape
         gamma = hidden * _FLOAT32_UNIT / (1 - hidden * _FLOAT32_UNIT)  # any float32 sum of `hidden` terms
-        weights, err = np.empty((vocab, hidden), np.uint16), np.empty(vocab, np.float64)
+        weights = (
+            huge_pages.aligned_empty((vocab, hidden), np.uint16)
+            if huge
+            else np.empty((vocab, hidden), np.uint16)
+        )
+        err = np.empty(vocab, np.float64)
         for first in range(0, vocab, _SCREEN_CHUNK):  # float64 copies of a few rows at a time
             rows = head[first : first + _SCREEN_CHUNK]
             if not np.isfinite(rows).all():
@@ -113,6 +120,8 @@ class Screen:
             norms = np.linalg.norm(exact, axis=1) + np.linalg.norm(copy, axis=1)
             err[first : first + len(rows)] = np.linalg.norm(exact - copy, axis=1) + gamma * norms
             weights[first : first + len(rows)] = rounded
+        if huge:
+            huge_pages.collapse(weights.ctypes.data, weights.nbytes)
         err = err * (1 + 1e-6) + 1e-30
         err32 = err.astype(np.float32)
         err32 = np.where(err32.astype(np.float64) < err, np.nextafter(err32, np.float32(np.inf)), err32)
@@ -135,6 +144,7 @@ class CpuDecode:
         vocab: int,
         storage: KVStorage,
         screen: bool = True,
+        huge: bool = False,
     ):
         self._storage = storage
         self._lib = lib
@@ -165,7 +175,7 @@ class CpuDecode:
         # head, which the kernel reads whole. The load probe may drop it (cpu_decode_probe.py).
         head, lib.screens.restype = weights[2], ctypes.c_int
         screens = screen and not head.bits and lib.screens() == 1  # a vector build (cpu_greedy.h)
-        self.screen: Screen | None = Screen.of(head.arrays[0]) if screens else None
+        self.screen: Screen | None = Screen.of(head.arrays[0], huge) if screens else None
 
     def _configure(self) -> None:
         """The library's settings are per process, and two models of one shape share one library: each
@@ -337,6 +347,8 @@ class CForwardDecode:
             attn, mlp = layer.self_attn, layer.mlp
             modules += [layer.input_layernorm, attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj]
             modules += [layer.post_attention_layernorm, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+        if target.huge_pages and huge_pages.supported():
+            _move_to_huge_pages(modules)
         weights = [_matrix(m) for m in modules]
         decode = CpuDecode(
             ctypes.CDLL(str(library)),
@@ -345,9 +357,24 @@ class CForwardDecode:
             int(sizes["VOCAB"]),
             storage,
             screen=target.greedy_screen,
+            huge=target.huge_pages and huge_pages.supported(),
         )
         refusal = probe_refusal(decode, model, storage)
         return (None, refusal) if refusal else (decode, None)
+
+
+_WEIGHT_PARTS = ("weight", "scales", "biases")  # what the kernel reads of a layer
+
+
+def _move_to_huge_pages(modules: list[nn.Module]) -> None:
+    """The modules' weights re-laid on 2 MB pages (engine/runner/cpu/huge_pages.py), same values."""
+    unique = list({id(m): m for m in modules}.values())  # a tied head is the embedding
+    slots = [(m, name) for m in unique for name in _WEIGHT_PARTS if name in m]
+    moved, placed = huge_pages.relay([m[name] for m, name in slots])
+    for (module, name), array in zip(slots, moved, strict=True):
+        module[name] = array
+    huge_pages.release_freed()  # the old copies' memory
+    logger.info("C forward: %s", placed.describe())
 
 
 def _llama_refusal(model: nn.Module, storage: KVStorage) -> str | None:
