@@ -1,16 +1,23 @@
-"""The asyncio side of one engine: a background loop that steps it and per-request output queues.
+"""The asyncio side of one engine: a thread that steps it and per-request output queues.
 
-Owns the single stepping thread, the wake-up event and the queues; every scheduling decision is the
+Owns the single stepping thread, its wake-up event and the queues; every scheduling decision is the
 engine's. Needs no Ray, so it is tested with a fake engine; deployments/scheduler.py wraps it.
+
+The thread steps back to back while there is work and hands each step's outputs to the event loop,
+which routes them while the next step runs. (A loop that awaited each step in an executor left the
+cores idle 0.4-0.9 ms between steps, the time for the step's end to reach the event loop and the next
+step to reach the executor: 3-5% of a single stream's token; docs/benchmarks.md, tenth pass.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import AsyncGenerator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
+from queue import SimpleQueue
 from typing import Any, Protocol
 
 from engine.errors import EngineError
@@ -46,12 +53,15 @@ class StepLoop:
         self._stream_interval_s = stream_interval_s
         self._max_stream_batches_per_s = max_stream_batches_per_s
         self._heartbeat_s = heartbeat_s
-        # engine.step blocks in mx.eval: it runs off the event loop, in this one thread, never twice at once.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-step")
+        # engine.step blocks in mx.eval: it runs off the event loop, in one thread, never twice at once;
+        # so do calls that must not race a step (stats, shutdown), between two steps.
+        self._thread: threading.Thread | None = None
+        self._thread_lock = threading.Lock()
+        self._work = threading.Event()  # set: a request, an abort or a call may be waiting
+        self._calls: SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = SimpleQueue()
+        self._event_loop: asyncio.AbstractEventLoop | None = None  # where outputs are routed
         self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
         self._num_samples: dict[str, int] = {}  # request id -> its n
-        self._wake = asyncio.Event()
-        self._loop_task: asyncio.Task[None] | None = None
 
     async def generate(
         self, request: GenerateRequest
@@ -74,8 +84,9 @@ class StepLoop:
             del self._queues[request_id], self._num_samples[request_id]
             yield exc
             return
+        self._event_loop = asyncio.get_running_loop()
         self._ensure_running()
-        self._wake.set()
+        self._work.set()
         open_indices, last_yield_s = set(range(request.n)), 0.0  # samples with no finished output yet
         try:
             yield []  # admitted: the caller may start its response
@@ -90,7 +101,7 @@ class StepLoop:
             self._num_samples.pop(request_id, None)
             if open_indices:  # the caller went away (client disconnect) or cancelled the stream
                 self._engine.abort_request(request_id)
-                self._wake.set()
+                self._work.set()
 
     async def _next_batch(
         self, queue: asyncio.Queue[RequestOutput], last_yield_s: float
@@ -125,36 +136,64 @@ class StepLoop:
 
     async def stats(self) -> EngineStats:
         # Through the step thread: a snapshot is never taken halfway through a step.
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._engine.stats)
+        return await asyncio.wrap_future(self._call(self._engine.stats))
 
     def run_between_steps(self, fn: Callable[[], None], timeout_s: float | None = None) -> None:
         """Runs `fn` on the stepping thread, between two steps, and waits for it: for shutdown work
         that must not race a step (the engine's MLX arrays are the step thread's)."""
-        self._executor.submit(fn).result(timeout_s)
+        self._call(fn).result(timeout_s)
+
+    def _call(self, fn: Callable[[], Any]) -> Future[Any]:
+        future: Future[Any] = Future()
+        self._calls.put((fn, future))
+        self._ensure_running()
+        self._work.set()
+        return future
 
     def _ensure_running(self) -> None:
-        if self._loop_task is None or self._loop_task.done():
-            self._loop_task = asyncio.get_running_loop().create_task(self._run())
+        with self._thread_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="engine-step", daemon=True)
+                self._thread.start()
 
-    async def _run(self) -> None:
-        """Steps while there is work; sleeps on `_wake` when idle (no spinning)."""
-        loop = asyncio.get_running_loop()
+    def _run(self) -> None:
+        """Steps while there is work; sleeps on `_work` when idle (no spinning)."""
         while True:
+            self._run_calls()
+            self._work.clear()  # before the check: a request added after it sets it again
             if not self._engine.has_unfinished_requests():
-                self._wake.clear()
-                await self._wake.wait()
+                if self._calls.empty():
+                    self._work.wait()
                 continue
             try:
-                outputs = await loop.run_in_executor(self._executor, self._engine.step)
+                outputs = self._engine.step()
             except Exception:
                 # A failure the engine could not pin on some requests (it fails those itself, with its
                 # own log line): every request in flight fails, and the log names them.
-                ids = ", ".join(sorted(self._queues)) or "none"
+                ids = ", ".join(sorted(self._queues)) or "none"  # one C call: no race with the loop
                 logger.exception("engine step failed; failing the requests in flight: %s", ids)
-                self._fail_all("engine step failed; see the Scheduler replica's log")
-                await asyncio.sleep(STEP_FAILURE_BACKOFF_S)
+                self._post(self._fail_all, "engine step failed; see the Scheduler replica's log")
+                time.sleep(STEP_FAILURE_BACKOFF_S)
                 continue
-            self._route(outputs)
+            if outputs:
+                self._post(self._route, outputs)
+
+    def _run_calls(self) -> None:
+        while not self._calls.empty():
+            fn, future = self._calls.get()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except Exception as exc:  # noqa: BLE001  (the caller's to raise, not this thread's)
+                    future.set_exception(exc)
+
+    def _post(self, fn: Callable[..., None], *args: Any) -> None:
+        """Runs fn(*args) on the event loop, after everything posted before it."""
+        assert self._event_loop is not None, "a request set the loop before any step"
+        try:
+            self._event_loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the loop is closed: nobody is left to read these outputs
+            pass
 
     def _route(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
