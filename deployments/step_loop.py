@@ -152,7 +152,7 @@ class StepLoop:
 
     def _ensure_running(self) -> None:
         with self._thread_lock:
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="engine-step", daemon=True)
                 self._thread.start()
 
@@ -161,11 +161,11 @@ class StepLoop:
         while True:
             self._run_calls()
             self._work.clear()  # before the check: a request added after it sets it again
-            if not self._engine.has_unfinished_requests():
-                if self._calls.empty():
-                    self._work.wait()
-                continue
             try:
+                if not self._engine.has_unfinished_requests():
+                    if self._calls.empty():
+                        self._work.wait()
+                    continue
                 outputs = self._engine.step()
             except Exception:
                 # A failure the engine could not pin on some requests (it fails those itself, with its

@@ -211,6 +211,27 @@ def test_a_failing_step_fails_requests_in_flight_but_not_the_loop():
     assert later[-1][-1].finish_reason == "length"
 
 
+def test_an_engine_that_raises_outside_a_step_fails_requests_but_not_the_loop():
+    class FlakyEngine(FakeEngine):
+        raised = False
+
+        def has_unfinished_requests(self) -> bool:
+            if self.remaining and not self.raised:
+                self.raised = True
+                raise RuntimeError("state check exploded")
+            return super().has_unfinished_requests()
+
+    async def main():
+        loop = StepLoop(FlakyEngine(), 0.0)
+        failed = await collect(loop, request("a", 3))
+        later = await collect(loop, request("b", 2))
+        return failed, later
+
+    failed, later = run(main())
+    assert failed[-1][-1].finish_reason == "error"
+    assert later[-1][-1].finish_reason == "length"
+
+
 def test_steps_run_in_one_dedicated_thread_and_stop_when_idle():
     engine = FakeEngine()
 
