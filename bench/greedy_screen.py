@@ -32,11 +32,15 @@ from engine.messages import GenerateRequest, SamplingParams
 from bench.gpu import table
 
 
-def decode(llm: LLMEngine, tag: str, streams: int, tokens: int) -> tuple[float, list[list[int]]]:
-    """ms per decode token of one stream, and each stream's tokens."""
+def decode(
+    llm: LLMEngine, tag: str, streams: int, tokens: int, salt: int = 0
+) -> tuple[float, list[list[int]], float]:
+    """ms per decode token of one stream, each stream's tokens, and the prefill's ms (until every
+    stream has its first token). Each `salt` gives other prompts, new to the prefix cache."""
     params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=tokens)
+    began = time.perf_counter()
     for i in range(streams):
-        prompt = [(13 * i + 7 * j) % 5000 + 2 for j in range(180 + 7 * i)]
+        prompt = [salt % 97 + 2] + [(13 * i + 7 * j) % 5000 + 2 for j in range(180 + 7 * i)]
         llm.add_request(GenerateRequest(f"{tag}-{i}", prompt, params))
     out: dict[str, list[int]] = {}
     start = None
@@ -47,7 +51,7 @@ def decode(llm: LLMEngine, tag: str, streams: int, tokens: int) -> tuple[float, 
             start = time.perf_counter()
     assert start is not None
     per_token = (time.perf_counter() - start) / (tokens - 1) * 1e3
-    return per_token, [out[f"{tag}-{i}"] for i in range(streams)]
+    return per_token, [out[f"{tag}-{i}"] for i in range(streams)], (start - began) * 1e3
 
 
 def main() -> None:
@@ -69,7 +73,7 @@ def main() -> None:
             tokens = {}
             for mode in ("screen", "full head") if r % 2 == 0 else ("full head", "screen"):
                 kernel.screen = screen if mode == "screen" else None
-                ms, tokens[mode] = decode(llm, f"r{r}-{streams}-{mode}", streams, args.tokens)
+                ms, tokens[mode], _ = decode(llm, f"r{r}-{streams}-{mode}", streams, args.tokens)
                 runs.append({"round": r, "streams": streams, "mode": mode, "ms_per_token": ms})
             kernel.screen = screen
             runs[-1]["same_tokens"] = runs[-2]["same_tokens"] = tokens["screen"] == tokens["full head"]

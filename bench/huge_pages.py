@@ -23,38 +23,15 @@ import json
 import os
 import platform
 import statistics
-import time
 
 import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.messages import GenerateRequest, SamplingParams
 
 from bench.gpu import table
+from bench.greedy_screen import decode
 
 MODES = ("huge pages", "as loaded")
-
-
-def run(
-    llm: LLMEngine, tag: str, streams: int, tokens: int, salt: int
-) -> tuple[float, float, list[list[int]]]:
-    """Prefill ms (until every stream has a token), ms per decode token per stream, the tokens. Each
-    `salt` gives other prompts: a round must not hit the prefix cache of the one before."""
-    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=tokens)
-    began = time.perf_counter()
-    for i in range(streams):
-        prompt = [salt % 97 + 2] + [(13 * i + 7 * j) % 5000 + 2 for j in range(180 + 7 * i)]
-        llm.add_request(GenerateRequest(f"{tag}-{i}", prompt, params))
-    out: dict[str, list[int]] = {}
-    start = None
-    while llm.has_unfinished_requests():
-        for o in llm.step():
-            out.setdefault(o.request_id, []).extend(o.new_token_ids)
-        if start is None and len(out) == streams and all(out.values()):
-            start = time.perf_counter()
-    assert start is not None
-    per_token = (time.perf_counter() - start) / (tokens - 1) * 1e3
-    return (start - began) * 1e3, per_token, [out[f"{tag}-{i}"] for i in range(streams)]
 
 
 def huge_bytes() -> int:
@@ -82,7 +59,7 @@ def main() -> None:
         for streams in map(int, args.streams.split(",")):
             tokens = {}
             for mode in MODES if r % 2 == 0 else MODES[::-1]:
-                prefill, ms, tokens[mode] = run(
+                ms, tokens[mode], prefill = decode(
                     engines[mode], f"r{r}-{streams}-{mode}", streams, args.tokens, r
                 )
                 runs.append(

@@ -370,7 +370,11 @@ def main() -> None:
     print(serve_report.comparison_table(results["servers"]))
     print()
     print(serve_report.notes(results["servers"]))
-    out = REPO / args.out if not Path(args.out).is_absolute() else Path(args.out)
+    write_results(results, args.out)
+
+
+def write_results(results: dict, out_arg: str) -> None:
+    out = REPO / out_arg if not Path(out_arg).is_absolute() else Path(out_arg)
     out.parent.mkdir(parents=True, exist_ok=True)
     # Results are committed: the checkout becomes "." and the home directory "~", so no machine's
     # paths land in git.

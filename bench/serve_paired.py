@@ -26,7 +26,6 @@ sys.path[0] = str(REPO)
 
 import argparse
 import asyncio
-import json
 import os
 import signal
 import statistics
@@ -151,11 +150,7 @@ def main() -> None:
     print(table(names, rounds))
     results = {"git": serve.git_state(), "machine": serve_report.machine(), "settings": vars(args) | env_info,
                "rounds": rounds}  # fmt: skip
-    out = REPO / args.out if not Path(args.out).is_absolute() else Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(results, indent=2, default=str).replace(str(REPO), ".").replace(str(Path.home()), "~")
-    out.write_text(text)
-    print(f"\nwrote {out}")
+    serve.write_results(results, args.out)
 
 
 if __name__ == "__main__":
