@@ -44,13 +44,16 @@ class Scheduler:
         from engine.llm_engine import LLMEngine
 
         config = EngineConfig.model_validate(engine_config)
-        self._engine = LLMEngine(config)
+        # Built on the thread that will step it (deployments/step_loop.py: MLX's GPU streams are per thread).
+        self._loop = StepLoop.building(
+            lambda: LLMEngine(config), stream_interval_s, max_stream_batches_per_s, heartbeat_s
+        )
+        self._engine: LLMEngine = self._loop.engine
         if expect_images and not self._engine.accepts_images:
             raise ValueError(
                 f"{config.model} takes no images, but its models entry says kind: vision; "
                 "set kind: text, or serve a vision-language model (docs/vision.md)"
             )
-        self._loop = StepLoop(self._engine, stream_interval_s, max_stream_batches_per_s, heartbeat_s)
         self._replica_id = serve.get_replica_context().replica_id.unique_id
         model_name = config.served_model_name or self._engine.model_name
         self._ray_metrics = RayMetricsExporter(model_name, self._replica_id)
@@ -87,11 +90,12 @@ class Scheduler:
         if loop is not None:
             try:
                 loop.run_between_steps(self._engine.close, timeout_s=SHUTDOWN_FLUSH_S)
+                loop.stop(timeout_s=SHUTDOWN_FLUSH_S)
             except TimeoutError:
                 logger.warning(
                     "the engine's last step outlasted %.0f s; closing without it", SHUTDOWN_FLUSH_S
                 )
-            except RuntimeError:  # the step thread's executor is already shut down: nothing to flush
+            except RuntimeError:  # the step loop is stopped already: nothing to flush
                 pass
 
     async def _export_forever(self) -> None:

@@ -60,8 +60,27 @@ class StepLoop:
         self._work = threading.Event()  # set: a request, an abort or a call may be waiting
         self._calls: SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = SimpleQueue()
         self._event_loop: asyncio.AbstractEventLoop | None = None  # where outputs are routed
+        self._stopping = False
         self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
         self._num_samples: dict[str, int] = {}  # request id -> its n
+
+    @classmethod
+    def building(cls, build: Callable[[], Any], *args: Any, **kwargs: Any) -> StepLoop:
+        """A loop whose engine `build()` makes on the step thread itself, which then steps it; raises
+        what `build` raised. MLX (0.31.2 on) keeps GPU streams per thread: arrays, compiled graphs
+        and kernels made on one thread fail on another with "There is no Stream(gpu, 0) in current
+        thread", so on Metal and CUDA the thread that steps the engine must be the one that built it."""
+        loop = cls(None, *args, **kwargs)
+
+        def build_here() -> None:
+            loop._engine = build()
+
+        loop._call(build_here).result()
+        return loop
+
+    @property
+    def engine(self) -> Any:
+        return self._engine
 
     async def generate(
         self, request: GenerateRequest
@@ -143,7 +162,18 @@ class StepLoop:
         that must not race a step (the engine's MLX arrays are the step thread's)."""
         self._call(fn).result(timeout_s)
 
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Ends the step thread after its current step and waits for it. The thread's own MLX streams
+        end with it: left to the interpreter's exit, MLX's stream workers aborted the process
+        ("terminate called without an active exception") on the GPU."""
+        self._stopping = True
+        self._work.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
     def _call(self, fn: Callable[[], Any]) -> Future[Any]:
+        if self._stopping:
+            raise RuntimeError("the step loop is stopped")
         future: Future[Any] = Future()
         self._calls.put((fn, future))
         self._ensure_running()
@@ -158,12 +188,12 @@ class StepLoop:
 
     def _run(self) -> None:
         """Steps while there is work; sleeps on `_work` when idle (no spinning)."""
-        while True:
+        while not self._stopping:
             self._run_calls()
             self._work.clear()  # before the check: a request added after it sets it again
             try:
-                if not self._engine.has_unfinished_requests():
-                    if self._calls.empty():
+                if self._engine is None or not self._engine.has_unfinished_requests():
+                    if self._calls.empty() and not self._stopping:
                         self._work.wait()
                     continue
                 outputs = self._engine.step()

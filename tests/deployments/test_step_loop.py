@@ -248,6 +248,36 @@ def test_steps_run_in_one_dedicated_thread_and_stop_when_idle():
     assert stats.num_steps == steps_when_done and stats.num_running == 0
 
 
+def test_a_loop_that_builds_its_engine_steps_it_on_the_thread_that_built_it():
+    # MLX keeps GPU streams per thread: an engine built on one thread and stepped on another failed
+    # every step on CUDA ("There is no Stream(gpu, 0) in current thread").
+    built_on: list[str] = []
+
+    def build() -> FakeEngine:
+        built_on.append(threading.current_thread().name)
+        return FakeEngine()
+
+    async def main(loop: StepLoop):
+        return await collect(loop, request("a", 3))
+
+    loop = StepLoop.building(build, 0.0)
+    items = run(main(loop))
+    assert items[-1][-1].finish_reason == "length"
+    assert built_on == list(loop.engine.step_threads) and built_on[0].startswith("engine-step")
+    loop.stop(timeout_s=5)
+    assert loop._thread is not None and not loop._thread.is_alive()
+    with pytest.raises(RuntimeError, match="stopped"):
+        loop.run_between_steps(lambda: None)
+
+
+def test_an_engine_that_fails_to_build_fails_the_loop_loudly():
+    def build() -> FakeEngine:
+        raise ValueError("no such model")
+
+    with pytest.raises(ValueError, match="no such model"):
+        StepLoop.building(build, 0.0)
+
+
 class FakeSamplingEngine(FakeEngine):
     """Sample i of a request with n samples emits max_tokens + 10 i tokens, so sample 0 finishes first."""
 
