@@ -75,7 +75,11 @@ class StepLoop:
         def build_here() -> None:
             loop._engine = build()
 
-        loop._call(build_here).result()
+        try:
+            loop._call(build_here).result()
+        except BaseException:
+            loop.stop()  # no idle thread left behind by a replica that failed to start
+            raise
         return loop
 
     @property
@@ -163,9 +167,7 @@ class StepLoop:
         self._call(fn).result(timeout_s)
 
     def stop(self, timeout_s: float | None = None) -> None:
-        """Ends the step thread after its current step and waits for it. The thread's own MLX streams
-        end with it: left to the interpreter's exit, MLX's stream workers aborted the process
-        ("terminate called without an active exception") on the GPU."""
+        """Ends the step thread after its current step and waits for it (shutdown; a failed build)."""
         self._stopping = True
         self._work.set()
         if self._thread is not None:

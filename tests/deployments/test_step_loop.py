@@ -274,8 +274,10 @@ def test_an_engine_that_fails_to_build_fails_the_loop_loudly():
     def build() -> FakeEngine:
         raise ValueError("no such model")
 
+    threads_before = set(threading.enumerate())
     with pytest.raises(ValueError, match="no such model"):
         StepLoop.building(build, 0.0)
+    assert not [t for t in threading.enumerate() if t not in threads_before]  # its thread ended
 
 
 class FakeSamplingEngine(FakeEngine):
