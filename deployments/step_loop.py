@@ -67,9 +67,10 @@ class StepLoop:
     @classmethod
     def building(cls, build: Callable[[], Any], *args: Any, **kwargs: Any) -> StepLoop:
         """A loop whose engine `build()` makes on the step thread itself, which then steps it; raises
-        what `build` raised. MLX (0.31.2 on) keeps GPU streams per thread: arrays, compiled graphs
-        and kernels made on one thread fail on another with "There is no Stream(gpu, 0) in current
-        thread", so on Metal and CUDA the thread that steps the engine must be the one that built it."""
+        what `build` raised. MLX (0.31.2 on) keeps streams per thread: an array left lazy on one
+        thread fails to evaluate on another ("There is no Stream(gpu, 0) in current thread"), and an
+        engine built on Ray's replica thread failed every step on the GPU; built here, it never
+        crosses threads."""
         loop = cls(None, *args, **kwargs)
 
         def build_here() -> None:
