@@ -5,9 +5,10 @@
 
 Two engines of the README's defaults, one with `engine.cpu_huge_pages` (engine/runner/cpu/huge_pages.py)
 and one without; each round runs every stream count on both, alternating which goes first, so a slow
-moment of the machine slows both. Per run: the prefill (every stream's ~200-token prompt, until each has
-its first token; each round's prompts are new to the prefix cache) and ms per decode token per stream (from then to the last token), and whether both
-engines produced the same tokens. Prints a table and writes JSON.
+moment of the machine slows both. Per run: the prefill (every stream's ~200-token prompt, until each
+has its first token; each round's prompts are new to the prefix cache), ms per decode token per stream
+(from then to the last token), and whether both engines produced the same tokens. Prints a table and
+writes JSON.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ reversed every other round, on the same prompts as bench/serve.py. While one ser
 process of the others is stopped (SIGSTOP, then SIGCONT): an idle Ray cluster takes about 0.13 cores,
 llama-server next to nothing, and a cluster left running beside llama-server slowed it by up to 10% here.
 A stopped Ray cluster catches up on its timers when it resumes, so each turn starts `--settle-s`
-after the others stop. `--no-freeze` leaves them running. Prints per-round time per output token and each server's median, and
-writes JSON.
+after the others stop. `--no-freeze` leaves them running. Prints per-round time per output token and
+each server's median, and writes JSON.
 """
 
 from __future__ import annotations

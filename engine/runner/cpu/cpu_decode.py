@@ -347,7 +347,8 @@ class CForwardDecode:
             attn, mlp = layer.self_attn, layer.mlp
             modules += [layer.input_layernorm, attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj]
             modules += [layer.post_attention_layernorm, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
-        if target.huge_pages and huge_pages.supported():
+        huge = target.huge_pages and huge_pages.supported()
+        if huge:
             _move_to_huge_pages(modules)
         weights = [_matrix(m) for m in modules]
         decode = CpuDecode(
@@ -357,7 +358,7 @@ class CForwardDecode:
             int(sizes["VOCAB"]),
             storage,
             screen=target.greedy_screen,
-            huge=target.huge_pages and huge_pages.supported(),
+            huge=huge,
         )
         refusal = probe_refusal(decode, model, storage)
         return (None, refusal) if refusal else (decode, None)

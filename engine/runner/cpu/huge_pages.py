@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 import sys
@@ -55,22 +56,24 @@ def relay(arrays: Sequence[mx.array]) -> tuple[list[mx.array], Placed]:
     supported, come back as they were."""
     if not supported():
         return list(arrays), Placed(0, 0)
-    out, num_bytes, huge_bytes, group = list(arrays), 0, 0, list[int]()
+    out, num_bytes, huge_bytes, group, group_bytes = list(arrays), 0, 0, list[int](), 0
     movable = [i for i, a in enumerate(arrays) if a.dtype.size == 4 and a.size > 0]
     for at, index in enumerate(movable):
         group.append(index)
-        group_bytes = sum(_padded(arrays[i].nbytes) for i in group)
+        group_bytes += _padded(arrays[index].nbytes)
         if group_bytes >= ARENA_BYTES or at == len(movable) - 1:
             views, huge = _arena([arrays[i] for i in group])
             for i, view in zip(group, views, strict=True):
                 out[i] = view
-            num_bytes, huge_bytes, group = num_bytes + group_bytes, huge_bytes + huge, []
+            num_bytes, huge_bytes, group, group_bytes = num_bytes + group_bytes, huge_bytes + huge, [], 0
     return out, Placed(num_bytes, huge_bytes)
 
 
 def release_freed() -> None:
-    """Gives the memory of freed arrays back to the system: MLX's buffer cache, then glibc's free lists
-    (the weights a re-layout replaced were mostly below glibc's mmap threshold, so free() kept them)."""
+    """Gives the memory of freed arrays back to the system: MLX's buffer cache, then glibc's free lists.
+    The weights a re-layout replaced sat below the 32 MB mmap threshold and the 1 GB trim threshold
+    that engine/platform/allocator.py sets to keep activations mapped, so free() kept them; this one
+    trim at load returns them, and the heap grows back to what the steps need."""
     mx.clear_cache()
     libc = _libc()
     if libc is not None and hasattr(libc, "malloc_trim"):
@@ -125,14 +128,10 @@ def _padded(num_bytes: int) -> int:
     return -(-num_bytes // ALIGN_BYTES) * ALIGN_BYTES
 
 
-_LIBC: list[ctypes.CDLL | None] = []
-
-
+@functools.cache
 def _libc() -> ctypes.CDLL | None:
-    if not _LIBC:
-        name = ctypes.util.find_library("c") if sys.platform == "linux" else None
-        libc = ctypes.CDLL(name, use_errno=True) if name else None
-        if libc is not None:
-            libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        _LIBC.append(libc)
-    return _LIBC[0]
+    name = ctypes.util.find_library("c") if sys.platform == "linux" else None
+    libc = ctypes.CDLL(name, use_errno=True) if name else None
+    if libc is not None:
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc
