@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -190,6 +191,12 @@ class StepLoop:
                 self._thread.start()
 
     def _run(self) -> None:
+        try:
+            self._step_until_stopped()
+        finally:
+            _release_mlx_thread_state()
+
+    def _step_until_stopped(self) -> None:
         """Steps while there is work; sleeps on `_work` when idle (no spinning)."""
         while not self._stopping:
             self._run_calls()
@@ -241,6 +248,17 @@ class StepLoop:
                     RequestOutput(request_id, [], "", finish_reason="error", error=message, index=index)
                 )
             self._engine.abort_request(request_id)
+
+
+def _release_mlx_thread_state() -> None:
+    """Frees the ending thread's MLX streams and random key (model init and sampling make one) while
+    Python still runs. Left to the thread's exit, MLX frees the key in a C++ thread-local destructor
+    that takes the GIL after `stop`'s join has returned; if the interpreter is finalizing by then,
+    Python ends the thread inside that destructor (pthread_exit) and the process aborts: "terminate
+    called without an active exception", on the GPU and the CPU alike."""
+    mx = sys.modules.get("mlx.core")  # None: MLX never loaded, so this thread holds none of its state
+    if mx is not None:
+        mx.clear_streams()
 
 
 async def _get_within(queue: asyncio.Queue[RequestOutput], timeout_s: float) -> RequestOutput | None:

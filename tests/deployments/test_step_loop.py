@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 from engine.errors import ContextLengthExceededError
 from engine.messages import EngineStats, GenerateRequest, RequestOutput, SamplingParams
@@ -278,6 +281,44 @@ def test_an_engine_that_fails_to_build_fails_the_loop_loudly():
     with pytest.raises(ValueError, match="no such model"):
         StepLoop.building(build, 0.0)
     assert not [t for t in threading.enumerate() if t not in threads_before]  # its thread ended
+
+
+# A process whose step thread used MLX's random key, then stopped. The race that aborted some real
+# exits is made certain: the ending thread's exit is held 0.3 s (a thread-exit destructor that sleeps,
+# run before MLX's own) while the interpreter's finalization lets go of the GIL for 1 s.
+_STOP_THEN_EXIT = """
+import ctypes, time
+from deployments.step_loop import StepLoop  # imports the engine package, which wants MLX after it
+import mlx.core as mx
+
+libc = ctypes.CDLL(None)
+
+class IdleEngine:
+    def has_unfinished_requests(self):
+        return False
+
+def build():
+    mx.eval(mx.random.uniform(shape=(4,)))
+    libc.__cxa_thread_atexit_impl(libc.usleep, ctypes.c_void_p(300_000), ctypes.cast(libc.usleep, ctypes.c_void_p))
+    return IdleEngine()
+
+class SlowFinalizer:
+    def __del__(self):
+        time.sleep(1.0)
+
+kept_until_finalization = SlowFinalizer()
+StepLoop.building(build, 0.0).stop()
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="holds the thread's exit through glibc")
+def test_a_stopped_loop_lets_the_process_exit_cleanly():
+    # Without the step thread's MLX state freed before it ends, this aborted at interpreter exit:
+    # "terminate called without an active exception" (deployments/step_loop.py).
+    repo = Path(__file__).resolve().parents[2]
+    child = [sys.executable, "-c", _STOP_THEN_EXIT]
+    done = subprocess.run(child, cwd=repo, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
 
 
 class FakeSamplingEngine(FakeEngine):
