@@ -19,18 +19,17 @@ from pathlib import Path
 # Run as a script, this file's folder would come first on sys.path and shadow the `engine` package.
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-import argparse
 import json
 import os
 import platform
-import statistics
 
 import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 
+from bench.engine_ab import alternate, arguments
+from bench.engine_ab import rows as ab_rows
 from bench.gpu import table
-from bench.greedy_screen import decode
 
 MODES = ("huge pages", "as loaded")
 
@@ -44,37 +43,14 @@ def huge_bytes() -> int:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="bundled:smollm2-135m-instruct")
-    ap.add_argument("--streams", default="1,4,16")
-    ap.add_argument("--tokens", type=int, default=96)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", default="bench/results/huge_pages.json")
-    args = ap.parse_args()
+    args = arguments(__doc__.splitlines()[0], "bench/results/huge_pages.json")
     before = huge_bytes()
     engines = {"huge pages": LLMEngine(EngineConfig(model=args.model, cpu_huge_pages=True))}
     huge_mb = (huge_bytes() - before) / 2**20
     engines["as loaded"] = LLMEngine(EngineConfig(model=args.model, cpu_huge_pages=False))
-    runs: list[dict] = []
-    for r in range(args.rounds):
-        for streams in map(int, args.streams.split(",")):
-            tokens = {}
-            for mode in MODES if r % 2 == 0 else MODES[::-1]:
-                ms, tokens[mode], prefill = decode(
-                    engines[mode], f"r{r}-{streams}-{mode}", streams, args.tokens, r
-                )
-                runs.append(
-                    {"round": r, "streams": streams, "mode": mode, "prefill_ms": prefill, "ms_per_token": ms}
-                )
-            runs[-1]["same_tokens"] = runs[-2]["same_tokens"] = tokens[MODES[0]] == tokens[MODES[1]]
-    rows = []
-    for streams in map(int, args.streams.split(",")):
-        cell = {m: [x for x in runs if x["streams"] == streams and x["mode"] == m] for m in MODES}
-        same = all(x["same_tokens"] for x in runs if x["streams"] == streams)
-        for key, unit in (("ms_per_token", "decode ms/token"), ("prefill_ms", "prefill ms")):
-            med = {m: statistics.median(x[key] for x in v) for m, v in cell.items()}
-            rows.append([streams, unit, *(" / ".join(f"{x[key]:.1f}" for x in cell[m]) for m in MODES),
-                         f"{med['as loaded'] / med['huge pages']:.2f}x", same])  # fmt: skip
+    streams = [int(n) for n in args.streams.split(",")]
+    runs = alternate(engines, streams, args.tokens, args.rounds)
+    rows = ab_rows(runs, list(MODES), streams)
     machine = f"{platform.processor() or platform.machine()}, {platform.system()}"
     print(
         f"\n{args.model} on {machine}; the first engine put {huge_mb:.0f} MB on 2 MB pages; rounds in order\n"

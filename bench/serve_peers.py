@@ -114,6 +114,11 @@ PEERS: dict[str, Peer] = {
     "ours-4k-pages": Peer(
         "ours-4k-pages", "ours", [], OURS_VERSIONS, "ignore_eos", engine=(("cpu_huge_pages", False),)
     ),
+    # the float32 weights read as float32 (engine.cpu_exact_packing off): the baseline of
+    # engine/runner/cpu/exact_pack.py
+    "ours-unpacked": Peer(
+        "ours-unpacked", "ours", [], OURS_VERSIONS, "ignore_eos", engine=(("cpu_exact_packing", False),)
+    ),
     "mlx-lm": Peer(
         "mlx-lm", "mlx-lm", [MLX_LM, "mlx[cpu]"], ["mlx-lm", "mlx"], "logit_bias", use_model_path=True
     ),

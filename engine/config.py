@@ -259,6 +259,19 @@ class EngineConfig(BaseModel):
         ),
     )
 
+    cpu_exact_packing: bool | None = Field(
+        None,
+        description=(
+            "The C forward (cpu_decode) keeps a float32 layer weight in fewer bytes where a smaller form holds "
+            "every value exactly: bfloat16 (a bfloat16 checkpoint at float32) or 4-bit affine groups of 32 (a "
+            "4-bit model dequantized to float32, such as the bundled GGUF's Q4_1 weights). At load each packed "
+            "weight is expanded back and compared bit for bit with the float32 one, and the forward's logits "
+            "with both; the matmuls run the float32 tile code on expanded tiles, so the logits are the same "
+            "bits, from fewer bytes (engine/runner/cpu/cpu_pack.h). None or True: on where the proof holds; "
+            "False: the float32 weights are read as they are."
+        ),
+    )
+
     speculative: SpeculativeConfig | None = Field(
         None,
         description="Speculative decoding in the batched step (engine/spec_decode/); None: off. Requests "

@@ -98,6 +98,7 @@ def choose(target: Target, config: EngineConfig) -> Choice:
         quantized_rows=config.cuda_quantized_rows is not False,
         greedy_screen=config.cpu_greedy_screen is not False,
         huge_pages=config.cpu_huge_pages is not False,
+        exact_packing=config.cpu_exact_packing is not False,
     )
     choice = Choice(target)
     for path in FAST_PATHS:

@@ -36,6 +36,8 @@ class Target:
     greedy_screen: bool = True
     # The CPU's C forward may move the weights it reads onto 2 MB pages: engine.cpu_huge_pages, likewise.
     huge_pages: bool = True
+    # The CPU's C forward may keep float32 weights in a smaller exact form: engine.cpu_exact_packing, likewise.
+    exact_packing: bool = True
 
 
 class DecodePath(Protocol):

@@ -21,9 +21,10 @@
    HD * KV_BITS / 32) uint32, and scales and biases (KVH, NB, BS, HD / KV_GROUP) float; a new K/V
    vector is quantized as mx.quantize does it, and attention dequantizes each block it reads.
 
-   One translation unit in six files: this one (sizes, settings, the forward), cpu_pool.h (the helper
-   thread), cpu_tiles.h (vector kernels), cpu_matmul.h (the matmuls), cpu_kv.h (the pools, attention)
-   and cpu_greedy.h (greedy rows' tokens through a screened head). */
+   One translation unit in seven files: this one (sizes, settings, the forward), cpu_pool.h (the helper
+   thread), cpu_tiles.h (vector kernels), cpu_pack.h (float32 weights kept in fewer bytes, exactly),
+   cpu_matmul.h (the matmuls), cpu_kv.h (the pools, attention) and cpu_greedy.h (greedy rows' tokens
+   through a screened head). */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -74,11 +75,15 @@ typedef void (*sgemv_t)(int, int, int, int, float, const float *, int, const flo
 /* Per layer, in this order. */
 enum { LN1, WQ, WK, WV, WO, LN2, WG, WU, WD, PER_LAYER };
 
-/* A weight as MLX keeps it: floats (bits 0), or codes with a scale and bias per group. */
+/* A weight as MLX keeps it: floats (bits 0), or codes with a scale and bias per group. `exact`: float32
+   weights kept in a smaller form that weight_row expands back bit for bit (cpu_pack.h): bfloat16 words
+   (bits 16, group 0) or 4-bit affine codes; the own matmuls then run the float32 path's tile code on
+   expanded tiles, and sgemm reads the float32 weights themselves. */
 typedef struct {
     const void *w;
     const float *s, *b;
-    int bits, group;
+    int bits, group, exact;
+    const float *f32; /* an exact packing's float32 weights, for sgemm: the float32 path's very call */
 } mat_t;
 
 static sgemm_t g_sgemm;
@@ -99,6 +104,7 @@ static inline int direct(int rows) { return rows >= g_direct_min && rows <= g_di
 
 #include "cpu_pool.h"
 #include "cpu_tiles.h"
+#include "cpu_pack.h"
 #include "cpu_matmul.h"
 #include "cpu_kv.h"
 #include "cpu_greedy.h"
@@ -127,10 +133,13 @@ static void rope(float *x, int heads, int pos) {
     }
 }
 
-/* Weight `i` of the forward's list: three pointers (data; scales and biases, or NULL) and two formats
-   (bits, group) each. */
+/* Weight `i` of the forward's list: four pointers (data; scales and biases, or NULL; the float32 weights
+   an exact packing holds, or NULL) and two formats (bits, group) each; bits below 0 mark an exact
+   packing. */
 static mat_t weight_at(const void *const *weights, const int32_t *formats, size_t i) {
-    mat_t m = {weights[3 * i], weights[3 * i + 1], weights[3 * i + 2], formats[2 * i], formats[2 * i + 1]};
+    const int bits = formats[2 * i];
+    mat_t m = {weights[4 * i],      weights[4 * i + 1], weights[4 * i + 2], bits < 0 ? -bits : bits,
+               formats[2 * i + 1], bits < 0,           weights[4 * i + 3]};
     return m;
 }
 
@@ -185,7 +194,7 @@ static void swiglu_item(void *ctx, int item, int worker) {
 }
 
 /* weights: embed (VOCAB, H), final norm (H), lm head (VOCAB, H), then PER_LAYER per layer, each as
-   weight_at reads it. pools: per layer K then V, each PARTS pointers (data; and scales, biases where
+   weight_at reads it (four pointers a weight). pools: per layer K then V, each PARTS pointers (data; and scales, biases where
    quantized), each array (KVH, pool_blocks, BS, width). logits: (n_logits, VOCAB), for the rows
    logit_rows names. With `greedy` (n_logits int32), the rows' greedy tokens instead (cpu_greedy.h,
    through `screen`, the head in bfloat16, and `screen_err`, its rows' error bounds): a row whose token
@@ -195,7 +204,7 @@ int decode_forward(const void *const *weights, const int32_t *formats, void *con
                    int max_blocks, int n_logits, const int32_t *logit_rows, float *logits,
                    const uint16_t *screen, const float *screen_err, int32_t *greedy) {
     const mat_t embed = weight_at(weights, formats, 0), head = weight_at(weights, formats, 2);
-    const float *final_norm = weights[3];
+    const float *final_norm = weights[4];
     size_t per_row = 2 * H + 2 * (size_t)NQ * HD + 2 * (size_t)KVH * HD + 2 * (size_t)FF;
     size_t sums = (size_t)(rows < MAX_DIRECT ? rows : MAX_DIRECT) * MAX_IN / 32; /* xsum */
     size_t extra = (size_t)WORKERS * 2 * BS * HD + (size_t)TILE * MAX_IN + sums;
@@ -209,7 +218,7 @@ int decode_forward(const void *const *weights, const int32_t *formats, void *con
     for (int b = 0; b < rows; b++) weight_row(embed, tokens[b], H, x + (size_t)b * H);
     for (int layer = 0; layer < NL; layer++) {
         size_t at = 3 + (size_t)layer * PER_LAYER;
-        const float *ln1 = weights[3 * (at + LN1)], *ln2 = weights[3 * (at + LN2)];
+        const float *ln1 = weights[4 * (at + LN1)], *ln2 = weights[4 * (at + LN2)];
         rms_norm(x, ln1, h, rows);
         linear(weight_at(weights, formats, at + WQ), h, q, rows, NQ * HD, H, sc);
         linear(weight_at(weights, formats, at + WK), h, k, rows, KVH * HD, H, sc);

@@ -31,9 +31,10 @@ from pathlib import Path
 
 from engine.platform.blas import blas_state, default_blas_threads
 from engine.platform.paths import cache_dir
-from engine.runner.cpu import huge_pages
+from engine.runner.cpu import exact_pack, huge_pages
 from engine.runner.cpu.cpu_decode_probe import probe_refusal
 from engine.runner.cpu.direct_rows import measure_direct_rows
+from engine.runner.cpu.matrix import Matrix
 from engine.runner.fast_path import Target, cache_refusal, quantized_kv_refusal
 from engine.runner.kv_quant import group_size
 from engine.runner.kv_storage import KVStorage
@@ -63,26 +64,6 @@ class Blas:
     sgemm: int
     sgemv: int | None
     threads: int
-
-
-@dataclass(frozen=True)
-class Matrix:
-    """One weight as the kernel reads it: float32 data (bits 0), or MLX's affine codes (uint32 words)
-    with float32 scales and biases per `group` weights."""
-
-    arrays: tuple[np.ndarray, ...]
-    bits: int = 0
-    group: int = 0
-
-    @property
-    def pointers(self) -> tuple[int | None, ...]:
-        return tuple(a.ctypes.data for a in self.arrays) + (None,) * (3 - len(self.arrays))
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """(out, in) in weights."""
-        rows, cols = self.arrays[0].shape
-        return rows, cols * 32 // self.bits if self.bits else cols
 
 
 _FLOAT32_UNIT = 2.0**-24  # float32's unit roundoff
@@ -152,12 +133,7 @@ class CpuDecode:
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 3
         self._fn.argtypes += [ctypes.c_int] * 2 + [ctypes.c_void_p] * 5
-        self._keep = [
-            a for m in weights for a in m.arrays
-        ]  # keeps the buffers' addresses valid while we live
-        self._weights = (ctypes.c_void_p * (3 * len(weights)))(*(p for m in weights for p in m.pointers))
-        self._formats = np.array([(m.bits, m.group) for m in weights], dtype=np.int32)
-        self._matrices = weights
+        self._use(weights)
         self.vocab = vocab
         # Prefill chunks run here too (engine/runner/model_runner.py), as rows of one sequence: over
         # quantized weights MLX's CPU quantized matmul is 20-40x slower than float32 from 16 rows up,
@@ -165,17 +141,59 @@ class CpuDecode:
         # paired-chunk path (docs/benchmarks.md, "CPU speed against llama.cpp"). Not float32 weights over
         # int8/int4 pools: a chunk's rows here attend to the chunk's own K/V as stored (quantized), where
         # MLX's prefill attends to them unquantized, and the greedy output of those models is MLX's.
-        self.serves_chunks = any(m.bits for m in weights) or storage.quant is None
+        self.serves_chunks = any(m.bits and not m.exact for m in weights) or storage.quant is None
         self.direct_min, self.direct_rows = 1, MAX_DIRECT
         self.blas = blas
         lib.configure.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 3
         # the row counts whose forwards are faster with the own matmuls, on this machine
         self.direct_min, self.direct_rows = measure_direct_rows(self.scratch_forward, MAX_DIRECT)
+        if any(m.exact for m in weights):
+            # One row through the own matmuls too (not sgemv): the packed weights' expansion feeds the
+            # float32 tile code, and same_logits compares the two at the settings served.
+            self.direct_min = 1
         # Greedy rows screen a float32 head through its bfloat16 copy (cpu_greedy.h); None: a quantized
         # head, which the kernel reads whole. The load probe may drop it (cpu_decode_probe.py).
         head, lib.screens.restype = weights[2], ctypes.c_int
         screens = screen and not head.bits and lib.screens() == 1  # a vector build (cpu_greedy.h)
         self.screen: Screen | None = Screen.of(head.arrays[0], huge) if screens else None
+
+    def _use(self, weights: list[Matrix]) -> None:
+        """The weights the kernel reads; their buffers are kept while they are in use."""
+        self._keep = [a for m in weights for a in (*m.arrays, m.source) if a is not None]
+        self._weights = (ctypes.c_void_p * (4 * len(weights)))(*(p for m in weights for p in m.pointers))
+        self._formats = np.array([m.format for m in weights], dtype=np.int32)
+        self._matrices = weights
+
+    def use_float32(self, weights: list[Matrix]) -> None:
+        """Reads `weights` from now on (the float32 ones an exact packing stood for), with the direct
+        rows measured anew for them."""
+        self._use(weights)
+        self.direct_min, self.direct_rows = 1, MAX_DIRECT
+        self.direct_min, self.direct_rows = measure_direct_rows(self.scratch_forward, MAX_DIRECT)
+
+    def same_logits(self, weights: list[Matrix], rows: tuple[int, ...]) -> bool:
+        """Whether forwards over `weights` give the logits of forwards over this instance's, bit for bit,
+        at each of `rows` (every row's logits, scratch pools, these direct-row settings): the second
+        half of exact_pack.py's proof, covering the own matmuls and sgemm alike."""
+        mine = self._matrices
+        for n in rows:
+            inputs = self._scratch(n, tokens=(np.arange(n, dtype=np.int32) * 7919) % self.vocab)
+            first = self(*inputs, np.arange(n, dtype=np.int32))
+            self._use(weights)
+            try:
+                second = self(*inputs, np.arange(n, dtype=np.int32))
+            finally:
+                self._use(mine)
+            if not np.array_equal(first.view(np.uint32), second.view(np.uint32)):
+                return False
+        return True
+
+    def _scratch(self, rows: int, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, list, int]:
+        """A forward's inputs on scratch pools: one block per row, each row at position 0 of its own."""
+        views = map(_view, self.pool_arrays(self._storage))
+        pools = [np.zeros((v.shape[0], rows, *v.shape[2:]), v.dtype) for v in views]
+        positions, tables = np.zeros(rows, dtype=np.int32), np.arange(rows, dtype=np.int32)[:, None]
+        return tokens, positions, tables, pools, rows
 
     def _configure(self) -> None:
         """The library's settings are per process, and two models of one shape share one library: each
@@ -188,17 +206,15 @@ class CpuDecode:
         position 0 of its own: the matmuls are the work), for the load-time measurement and
         bench/cpu_forward.py: called with a direct_rows, it runs one forward with it and returns its
         seconds, then restores this instance's direct_rows."""
-        views = map(_view, self.pool_arrays(self._storage))
-        pools = [np.zeros((v.shape[0], rows, *v.shape[2:]), v.dtype) for v in views]
-        tokens, positions = np.arange(rows, dtype=np.int32), np.zeros(rows, dtype=np.int32)
-        tables, last = np.arange(rows, dtype=np.int32)[:, None], np.array([rows - 1], dtype=np.int32)
+        inputs = self._scratch(rows, tokens=np.arange(rows, dtype=np.int32))
+        last = np.array([rows - 1], dtype=np.int32)
 
         def forward(direct_rows: int) -> float:
             kept = self.direct_min, self.direct_rows
             self.direct_min, self.direct_rows = 1, direct_rows
             try:
                 start = time.perf_counter()
-                self(tokens, positions, tables, pools, rows, last)
+                self(*inputs, last)
                 return time.perf_counter() - start
             finally:
                 self.direct_min, self.direct_rows = kept
@@ -350,21 +366,38 @@ class CForwardDecode:
         huge = target.huge_pages and huge_pages.supported()
         if huge:
             _move_to_huge_pages(modules)
-        weights = [_matrix(m) for m in modules]
+        lib, weights = ctypes.CDLL(str(library)), [_matrix(m) for m in modules]
+        packing = exact_pack.pack(lib, weights, huge) if target.exact_packing else None
         decode = CpuDecode(
-            ctypes.CDLL(str(library)),
+            lib,
             _blas(),
-            weights,
+            packing.weights if packing and packing.packed else weights,
             int(sizes["VOCAB"]),
             storage,
             screen=target.greedy_screen,
             huge=huge,
         )
+        if packing and packing.packed:
+            _prove_packing(decode, packing, weights)
         refusal = probe_refusal(decode, model, storage)
         return (None, refusal) if refusal else (decode, None)
 
 
 _WEIGHT_PARTS = ("weight", "scales", "biases")  # what the kernel reads of a layer
+# Row counts at which packed and float32 weights must give the same logits: the own matmuls' tile
+# shapes (1-8 rows a tile, then more tiles) and sgemm's beyond direct_rows.
+_PROOF_ROWS = (1, 2, 5, 8, 13, 16)
+
+
+def _prove_packing(decode: CpuDecode, packing: exact_pack.Packing, weights: list[Matrix]) -> None:
+    """Keeps the packed weights only where forwards over them give the float32 weights' logits bit
+    for bit; else the float32 weights, with direct rows measured for them."""
+    rows = (*_PROOF_ROWS, decode.direct_rows, decode.direct_rows + 1, 2 * MAX_DIRECT + 3)
+    if decode.same_logits(weights, tuple(sorted(set(rows)))):
+        logger.info("C forward: exact packing, %s", packing.describe(weights))
+        return
+    logger.warning("C forward: packed weights changed the logits; reading the float32 weights")
+    decode.use_float32(weights)
 
 
 def _move_to_huge_pages(modules: list[nn.Module]) -> None:

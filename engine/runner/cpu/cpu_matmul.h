@@ -52,7 +52,7 @@ static void direct_item(void *ctx, int item, int worker) {
     const mat_t m = job->m;
     float *y = job->y;
     const int rows = job->rows, out = job->out, in = job->in;
-    const int groups = m.bits ? in / m.group : 0;
+    const int groups = m.group ? in / m.group : 0;
     const size_t row_bytes = (size_t)in * m.bits / 8;
     const int last = (item + 1) * CHANNELS < out ? (item + 1) * CHANNELS : out;
     const int first = item * CHANNELS;
@@ -60,7 +60,14 @@ static void direct_item(void *ctx, int item, int worker) {
         float_block((const float *)m.w + (size_t)first * in, last - first, x, y + first, rows, out, in, 1);
         return;
     }
-    if (rows > 4) { /* a tile's codes dequantized once into L1 for every row, not once per 4 rows */
+#ifdef SIMD_AVX512
+    if (m.exact && m.bits == 4) {
+        exact4_block(m, first, last, x, y, rows, out, in);
+        return;
+    }
+#endif
+    if (rows > 4 || m.exact) { /* a tile's codes dequantized once into L1 for every row, not once per 4
+                                  rows; exact packings always, so that the float32 path's tile code runs */
         float w[FT_CHANNELS * MAX_IN];
         for (int o = first; o < last; o += FT_CHANNELS) {
             const int n = last - o < FT_CHANNELS ? last - o : FT_CHANNELS;
@@ -148,18 +155,22 @@ typedef struct {
 /* y = x @ w.T, w (out, in) as nn.Linear keeps it (or its quantized form) */
 static void linear(mat_t w, const float *x, float *y, int rows, int out, int in, mm_scratch_t sc) {
     if (!direct(rows)) atomic_store(&pool.blas, 1); /* the helper sleeps through OpenBLAS's call */
-    if (w.bits == 0) {
+    if (w.bits == 0 || (w.f32 && !direct(rows))) {
+        const float *wf = w.bits ? w.f32 : (const float *)w.w;
         if (direct(rows))
             qgemm_direct(x, NULL, NULL, w, y, rows, out, in);
         else if (rows == 1 && g_sgemv)
-            g_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.f, (const float *)w.w, in, x, 1, 0.f, y, 1);
+            g_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.f, wf, in, x, 1, 0.f, y, 1);
         else
-            g_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.f, x, in, (const float *)w.w,
-                    in, 0.f, y, out);
+            g_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.f, x, in, wf, in, 0.f, y, out);
         return;
     }
     if (!direct(rows)) {
         qgemm_tiles(x, w, y, rows, out, in, sc.tile);
+        return;
+    }
+    if (w.exact) { /* float32 arithmetic on expanded tiles: no group sums */
+        qgemm_direct(x, NULL, NULL, w, y, rows, out, in);
         return;
     }
     const int groups = in / w.group;
@@ -180,12 +191,12 @@ static void linear(mat_t w, const float *x, float *y, int rows, int out, int in,
     qgemm_direct(x, sc.xsum, xp, w, y, rows, out, in);
 }
 
-/* Rows x of every `in` weights times one weight, for the load-time measurement of direct_rows:
+/* Rows x of every `in` weights times one weight (four pointers, as weight_at reads them), for the load-time measurement of direct_rows:
    mode 0 reads codes directly, mode 1 dequantizes tiles for sgemm. Returns -1 without memory. */
 int matmul(const void *const *weight, const int32_t *format, const float *x, float *y, int rows, int out,
            int in, int mode) {
     if (mode == 0 && rows > MAX_DIRECT) return -1;
-    mat_t w = {weight[0], weight[1], weight[2], format[0], format[1]};
+    mat_t w = {weight[0], weight[1], weight[2], abs(format[0]), format[1], format[0] < 0, weight[3]};
     float *tile = malloc(sizeof(float) * ((size_t)TILE * in + (size_t)MAX_DIRECT * in / 32));
     if (!tile) return -1;
     mm_scratch_t sc = {tile, tile + (size_t)TILE * in};

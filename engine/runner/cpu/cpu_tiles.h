@@ -12,8 +12,10 @@ static inline void unpack32(const uint8_t *row, int bits, int at, float *w) {
         for (int j = 0; j < 16; j++) w[2 * j] = (float)(c[j] & 15), w[2 * j + 1] = (float)(c[j] >> 4);
 }
 
-/* Row `o` of a weight as floats: a quantized one dequantized as mx.dequantize does (code * scale + bias). */
+/* Row `o` of a weight as floats: a quantized one dequantized as mx.dequantize does (code * scale + bias),
+   an exactly packed one (cpu_pack.h) back to its float32 bits. */
 static void weight_row(mat_t m, int o, int in, float *out);
+static void exact4_row(mat_t m, int o, int in, float *out);
 
 #ifdef SIMD_AVX2
 static inline float hsum8(__m256 v) {
@@ -79,6 +81,16 @@ static inline void unpack32_v(const uint8_t *row, int bits, int at, fvec f[FV_PE
 static void weight_row(mat_t m, int o, int in, float *out) {
     if (m.bits == 0) {
         memcpy(out, (const float *)m.w + (size_t)o * in, sizeof(float) * in);
+        return;
+    }
+    if (m.bits == 16) { /* bfloat16 words: a float32's high half */
+        const uint16_t *row = (const uint16_t *)m.w + (size_t)o * in;
+        uint32_t *bits = (uint32_t *)out;
+        for (int j = 0; j < in; j++) bits[j] = (uint32_t)row[j] << 16;
+        return;
+    }
+    if (m.exact) { /* exact 4-bit: byte j of a group holds codes j (low nibble) and 16 + j (cpu_pack.h) */
+        exact4_row(m, o, in, out);
         return;
     }
     const uint8_t *row = (const uint8_t *)m.w + (size_t)o * in * m.bits / 8;

@@ -88,6 +88,24 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
     return raw[start : start + num_bytes].view(dtype).reshape(shape)
 
 
+def gather(arrays: Sequence[np.ndarray]) -> tuple[list[np.ndarray], int]:
+    """Copies of numpy `arrays` in one arena on 2 MB pages (each at an ALIGN_BYTES boundary), and the
+    arena's bytes on huge pages; the arrays as they were where huge pages are not supported."""
+    if not supported() or not arrays:
+        return list(arrays), 0
+    offsets, end = [], 0
+    for a in arrays:
+        offsets.append(end)
+        end += _padded(a.nbytes)
+    arena = aligned_empty((end,), np.uint8)
+    copies = []
+    for a, at in zip(arrays, offsets, strict=True):
+        copy = arena[at : at + a.nbytes].view(a.dtype).reshape(a.shape)
+        copy[...] = a
+        copies.append(copy)
+    return copies, collapse(arena.ctypes.data, end)
+
+
 def collapse(address: int, num_bytes: int) -> int:
     """Puts the whole 2 MB pages of [address, address + num_bytes) on huge pages; returns their bytes
     (0 where the kernel refuses: no THP, an old kernel, no memory)."""

@@ -45,7 +45,7 @@ def kernel_matmul(decode: CpuDecode, module: nn.Module, x: np.ndarray, mode: int
     matrix = cpu_decode._matrix(module)
     lib = decode._lib
     lib.matmul.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
-    pointers = (ctypes.c_void_p * 3)(*matrix.pointers)
+    pointers = (ctypes.c_void_p * 4)(*matrix.pointers)
     fmt = np.array([matrix.bits, matrix.group], dtype=np.int32)
     (rows, width), out = x.shape, module.weight.shape[0]
     y = np.full((rows, out), np.nan, np.float32)

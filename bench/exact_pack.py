@@ -1,0 +1,60 @@
+"""Float32 layer weights read in an exact smaller form (engine/runner/cpu/exact_pack.py) against read as
+float32, two engines in one process.
+
+    env -u OPENBLAS_CORETYPE python bench/exact_pack.py [--model bundled:smollm2-135m-instruct]
+        [--streams 1,4,16] [--tokens 96] [--rounds 3] [--out bench/results/exact_pack.json]
+
+Two engines of the README's defaults, one with `engine.cpu_exact_packing` and one without, alternating
+(bench/engine_ab.py): per stream count, ms per decode token of one stream, the prefill's ms (every
+stream's ~200-token prompt), and whether both engines produced the same tokens (they must: the packed
+weights are the float32 ones, bit for bit). Prints a table and writes JSON.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run as a script, this file's folder would come first on sys.path and shadow the `engine` package.
+sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+import json
+import platform
+
+import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+
+from bench.engine_ab import alternate, arguments, rows
+from bench.gpu import table
+
+MODES = ("packed", "float32")
+
+
+def layer_bytes(llm: LLMEngine) -> int:
+    """The bytes of the layer weights the C forward reads for a step of few rows."""
+    return sum(a.nbytes for m in llm.runner.decode._matrices[3:] for a in m.arrays)
+
+
+def main() -> None:
+    args = arguments(__doc__.splitlines()[0], "bench/results/exact_pack.json")
+    engines = {
+        mode: LLMEngine(EngineConfig(model=args.model, cpu_exact_packing=mode == "packed")) for mode in MODES
+    }
+    read = {mode: layer_bytes(llm) / 2**20 for mode, llm in engines.items()}
+    streams = [int(n) for n in args.streams.split(",")]
+    runs = alternate(engines, streams, args.tokens, args.rounds)
+    machine = f"{platform.processor() or platform.machine()}, {platform.system()}"
+    print(f"\n{args.model} on {machine}; layer weights read {read['packed']:.0f} MB packed, "
+          f"{read['float32']:.0f} MB as float32; rounds in order\n")  # fmt: skip
+    table(
+        ["streams", "measure", *MODES, "float32 / packed (medians)", "same tokens"],
+        rows(runs, list(MODES), streams),
+    )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    result = {"args": vars(args), "machine": machine, "layer_mb": read, "runs": runs}
+    Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Float32 layer weights of the C forward kept in a smaller form that holds every value exactly
+(engine/runner/cpu/cpu_pack.h): bfloat16 words, or 4-bit affine codes with a float32 scale and bias per
+32 weights.
+
+Owns the choice per weight and the first half of the load-time proof: a packing is kept only where the
+kernel's own expansion gives every weight back bit for bit. The second half, the same logits bit for
+bit from the packed and the float32 weights, is CpuDecode.same_logits's.
+
+Why: a decode step of a few rows reads every weight once, so float32 weights make it a read of 4 bytes
+per weight. A bfloat16 checkpoint served at float32 (the CPU's default dtype) holds 2 bytes of
+information per weight, and a 4-bit model dequantized to float32 (the bundled SmolLM2, from llama.cpp's
+Q4_1) about 5 bits. Read in those forms, the step reads 2x to 7x fewer bytes and computes the same
+float32 products.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections import Counter
+from dataclasses import dataclass, replace
+
+from engine.runner.cpu import huge_pages
+from engine.runner.cpu.matrix import Matrix
+
+import numpy as np
+
+_GROUP = 32  # the 4-bit packing's group: GGUF's block
+
+
+@dataclass(frozen=True)
+class Packing:
+    """What a model's layer weights became: the kernel's list, and a line for the load log."""
+
+    weights: list[Matrix]
+    kinds: Counter[str]  # "bfloat16", "4-bit affine" or "float32" (not packed), per layer weight
+
+    @property
+    def packed(self) -> bool:
+        return any(kind != "float32" for kind in self.kinds.elements())
+
+    def describe(self, before: list[Matrix]) -> str:
+        read = sum(_nbytes(m) for m in self.weights[3:])
+        was = sum(_nbytes(m) for m in before[3:])
+        kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(self.kinds.items()))
+        return f"layer weights {kinds}; {was / 2**20:.0f} MB read as {read / 2**20:.0f} MB"
+
+
+def pack(lib: ctypes.CDLL, weights: list[Matrix], huge: bool = False) -> Packing:
+    """The kernel's weight list with every float32 layer matrix (weights[3:], two-dimensional) that a
+    smaller form holds exactly in that form; the embedding, final norm and head stay as they are.
+    `huge`: the packed arrays in one arena on 2 MB pages (huge_pages.py), read at every step."""
+    out, kinds = list(weights[:3]), Counter[str]()
+    for matrix in weights[3:]:
+        packed = _packed(lib, matrix) if not matrix.bits and matrix.arrays[0].ndim == 2 else None
+        if matrix.arrays[0].ndim == 2:
+            kinds["float32" if packed is None else _KINDS[packed.bits]] += 1
+        out.append(packed or matrix)
+    if huge:
+        out = _gathered(out)
+    return Packing(out, kinds)
+
+
+def _gathered(weights: list[Matrix]) -> list[Matrix]:
+    """The packed matrices' arrays moved into one arena on 2 MB pages."""
+    packed = [m for m in weights if m.exact]
+    copies = iter(huge_pages.gather([a for m in packed for a in m.arrays])[0])
+    moved = {id(m): replace(m, arrays=tuple(next(copies) for _ in m.arrays)) for m in packed}
+    return [moved.get(id(m), m) for m in weights]
+
+
+_KINDS = {16: "bfloat16", 4: "4-bit affine"}
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    """The signatures of cpu_pack.h's exports."""
+    lib.pack_affine4.restype = lib.unpack_mismatches.restype = ctypes.c_size_t
+    pointer, size = ctypes.c_void_p, ctypes.c_int
+    lib.pack_affine4.argtypes = (pointer, size, size, pointer, pointer, pointer)
+    lib.unpack_mismatches.argtypes = (pointer, pointer, pointer, size, size)
+
+
+def _packed(lib: ctypes.CDLL, matrix: Matrix) -> Matrix | None:
+    weight = matrix.arrays[0]
+    rows, cols = weight.shape
+    bits = weight.view(np.uint32)
+    if not np.any(bits & 0xFFFF):
+        packed = Matrix(((bits >> 16).astype(np.uint16),), 16, 0, exact=True, source=weight)
+    elif cols % _GROUP == 0:
+        codes = np.empty((rows, cols // 8), np.uint32)
+        scales, biases = (np.empty((rows, cols // _GROUP), np.float32) for _ in range(2))
+        _declare(lib)
+        if lib.pack_affine4(
+            weight.ctypes.data, rows, cols, codes.ctypes.data, scales.ctypes.data, biases.ctypes.data
+        ):
+            return None
+        packed = Matrix((codes, scales, biases), 4, _GROUP, exact=True, source=weight)
+    else:
+        return None
+    return packed if _mismatches(lib, packed, weight) == 0 else None
+
+
+def _mismatches(lib: ctypes.CDLL, packed: Matrix, weight: np.ndarray) -> int:
+    """Rows of `weight` that the kernel's expansion of `packed` does not give back bit for bit."""
+    _declare(lib)
+    pointers = (ctypes.c_void_p * 4)(*packed.pointers)
+    formats = np.array(packed.format, dtype=np.int32)
+    rows, cols = weight.shape
+    return int(lib.unpack_mismatches(pointers, formats.ctypes.data, weight.ctypes.data, rows, cols))
+
+
+def _nbytes(matrix: Matrix) -> int:
+    return sum(a.nbytes for a in matrix.arrays)
