@@ -140,7 +140,9 @@ class IngressOptions(DeploymentOptions):
 
 
 class EmbedderOptions(DeploymentOptions):
-    max_ongoing_requests: int = Field(16, ge=1, description="Requests one replica serves at once.")
+    # At least the batch the Embedder gathers (deployments/embedder.py's _MAX_BATCH_REQUESTS), or Ray
+    # Serve warns that full batches can never form.
+    max_ongoing_requests: int = Field(32, ge=1, description="Requests one replica serves at once.")
 
 
 class ResponseStoreOptions(DeploymentOptions):

@@ -99,9 +99,12 @@ class Scheduler:
                 pass
 
     async def _export_forever(self) -> None:
-        while True:
+        """Exports the engine's stats to Ray's metrics until the step loop stops (__del__)."""
+        while not self._loop.stopped:
             try:
                 self._ray_metrics.export(await self._loop.stats())
             except Exception:
+                if self._loop.stopped:  # stopped while the stats were asked for: shutting down
+                    return
                 logger.exception("exporting Ray metrics failed; retrying")
             await asyncio.sleep(METRICS_EXPORT_INTERVAL_S)

@@ -168,6 +168,11 @@ class StepLoop:
         that must not race a step (the engine's MLX arrays are the step thread's)."""
         self._call(fn).result(timeout_s)
 
+    @property
+    def stopped(self) -> bool:
+        """True once `stop` was called: calls into the engine raise from then on."""
+        return self._stopping
+
     def stop(self, timeout_s: float | None = None) -> None:
         """Ends the step thread after its current step and waits for it (shutdown; a failed build)."""
         self._stopping = True

@@ -170,6 +170,9 @@ class ComputePaths:
     # 4-bit products of 2-128 rows on CUDA (engine/runner/cuda/quantized_rows.py): "N of M quantized
     # products" (and why the others keep MLX's), or "off".
     quantized_rows: str = "off"
+    # Float32 layer weights the CPU's C forward reads in an exact smaller form
+    # (engine/runner/cpu/exact_pack.py): what it packed and the bytes read, or "off" and why.
+    weight_packing: str = "off"
 
 
 @dataclass

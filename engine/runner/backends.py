@@ -88,6 +88,7 @@ class Choice:
             kv_write=_kv_write(self.names),
             not_taken=dict(self.not_taken),
             quantized_rows=getattr(self.built.get("decode"), "quantized_rows", "off"),
+            weight_packing=getattr(self.built.get("decode"), "weight_packing", "off"),
         )
 
 

@@ -267,7 +267,9 @@ def test_a_loop_that_builds_its_engine_steps_it_on_the_thread_that_built_it():
     items = run(main(loop))
     assert items[-1][-1].finish_reason == "length"
     assert built_on == list(loop.engine.step_threads) and built_on[0].startswith("engine-step")
+    assert not loop.stopped
     loop.stop(timeout_s=5)
+    assert loop.stopped  # the Scheduler's metrics export ends on it
     assert loop._thread is not None and not loop._thread.is_alive()
     with pytest.raises(RuntimeError, match="stopped"):
         loop.run_between_steps(lambda: None)

@@ -142,6 +142,7 @@ class CpuDecode:
         # int8/int4 pools: a chunk's rows here attend to the chunk's own K/V as stored (quantized), where
         # MLX's prefill attends to them unquantized, and the greedy output of those models is MLX's.
         self.serves_chunks = any(m.bits and not m.exact for m in weights) or storage.quant is None
+        self.weight_packing = "off"
         self.direct_min, self.direct_rows = 1, MAX_DIRECT
         self.blas = blas
         lib.configure.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 3
@@ -379,6 +380,10 @@ class CForwardDecode:
         )
         if packing and packing.packed:
             _prove_packing(decode, packing, weights)
+        elif packing:
+            decode.weight_packing = "off (no layer weight is held exactly by bfloat16 or 4-bit groups)"
+        else:
+            decode.weight_packing = "off (engine.cpu_exact_packing is false)"
         refusal = probe_refusal(decode, model, storage)
         return (None, refusal) if refusal else (decode, None)
 
@@ -394,8 +399,10 @@ def _prove_packing(decode: CpuDecode, packing: exact_pack.Packing, weights: list
     for bit; else the float32 weights, with direct rows measured for them."""
     rows = (*_PROOF_ROWS, decode.direct_rows, decode.direct_rows + 1, 2 * MAX_DIRECT + 3)
     if decode.same_logits(weights, tuple(sorted(set(rows)))):
-        logger.info("C forward: exact packing, %s", packing.describe(weights))
+        decode.weight_packing = packing.describe(weights)
+        logger.info("C forward: exact packing, %s", decode.weight_packing)
         return
+    decode.weight_packing = "off (the packed weights' logits differed from the float32 ones' at load)"
     logger.warning("C forward: packed weights changed the logits; reading the float32 weights")
     decode.use_float32(weights)
 

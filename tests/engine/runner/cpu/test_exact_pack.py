@@ -110,6 +110,8 @@ def test_float32_weights_no_smaller_form_holds_stay_as_they_are():
     assert not packed_bits(decode)
     packing = exact_pack.pack(decode._lib, decode._matrices)
     assert not packing.packed and packing.kinds == Counter({"float32": len(layer_linears(model))})
+    assert decode.weight_packing.startswith("off (no layer weight")
+    assert built(model, packing=False).weight_packing == "off (engine.cpu_exact_packing is false)"
     assert packing.weights == decode._matrices
 
 
@@ -138,8 +140,10 @@ def test_a_packing_whose_logits_differ_is_dropped(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger=cpu_decode.__name__):
         decode = built(affine_exact_llama(), packing=True)
     assert not packed_bits(decode) and "changed the logits" in caplog.text
+    assert decode.weight_packing.startswith("off (the packed weights' logits differed")
 
 
 def test_the_bundled_model_reads_its_layers_as_4_bit_codes(llm):
     # Its float32 weights are llama.cpp's Q4_1 dequantized; the engine's greedy tests run on them.
     assert isinstance(llm.runner.decode, CpuDecode) and packed_bits(llm.runner.decode) == {4}
+    assert llm.stats().compute.weight_packing == "layer weights 4-bit affine 210; 405 MB read as 76 MB"
