@@ -1,13 +1,18 @@
 """Two engines of one model that differ in one setting, alternating in one process (a slow moment of
 the machine slows both): per stream count, ms per decode token of one stream, the prefill's ms, and
-whether both produced the same tokens. Used by bench/huge_pages.py and bench/exact_pack.py."""
+whether both produced the same tokens; and a closed loop of clients, bench/serve.py's workload without
+the serving (each client's next request, a new ~200-token prompt, starts when its last one ends). Used
+by bench/huge_pages.py and bench/exact_pack.py."""
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
+import time
 
 from engine.llm_engine import LLMEngine
+from engine.messages import GenerateRequest, SamplingParams
 
 from bench.greedy_screen import decode
 
@@ -19,6 +24,7 @@ def arguments(description: str, out: str) -> argparse.Namespace:
     ap.add_argument("--streams", default="1,4,16")
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--closed-loop", type=int, default=0, help="also N clients in a closed loop (0: not)")
     ap.add_argument("--out", default=out)
     return ap.parse_args()
 
@@ -52,3 +58,49 @@ def rows(runs: list[dict], modes: list[str], streams: list[int]) -> list[list]:
             runs_text = [" / ".join(f"{x[key]:.1f}" for x in cell[m]) for m in modes]
             out.append([n, unit, *runs_text, f"{med[modes[1]] / med[modes[0]]:.2f}x", same])
     return out
+
+
+def closed_loop(engines: dict[str, LLMEngine], clients: int, requests: int, rounds: int) -> list[dict]:
+    """Output tok/s of `requests` requests (128 greedy tokens each, EOS ignored) through `clients`
+    clients per engine and round, the engines' order alternating by round."""
+    modes, salt, runs = list(engines), itertools.count(), []
+    for r in range(rounds):
+        for mode in modes if r % 2 == 0 else modes[::-1]:
+            tok_s = _closed_run(engines[mode], clients, requests, salt)
+            runs.append({"round": r, "mode": mode, "clients": clients, "tok_s": tok_s})
+    return runs
+
+
+def _closed_run(llm: LLMEngine, clients: int, requests: int, salt: itertools.count) -> float:
+    params = SamplingParams(max_tokens=128, temperature=0.0, ignore_eos=True)
+    submitted, finished, tokens = 0, 0, 0
+
+    def submit() -> None:
+        nonlocal submitted
+        n = next(salt)  # a prompt new to the prefix cache
+        prompt = [n % 97 + 2] + [(31 * n + 7 * j) % 5000 + 2 for j in range(200)]
+        llm.add_request(GenerateRequest(f"closed-{n}", prompt, params))
+        submitted += 1
+
+    for _ in range(clients):
+        submit()
+    began = time.perf_counter()
+    while finished < requests:
+        for out in llm.step():
+            tokens += len(out.new_token_ids)
+            if out.finished:
+                finished += 1
+                if submitted < requests:
+                    submit()
+    elapsed = time.perf_counter() - began
+    while llm.has_unfinished_requests():  # the last clients' requests past the count
+        llm.step()
+    return tokens / elapsed
+
+
+def closed_rows(runs: list[dict], modes: list[str]) -> list[list]:
+    """One table row of closed_loop's runs: each mode's tok/s by round, and the ratio of the medians
+    (the first mode over the second)."""
+    cells = [" / ".join(f"{x['tok_s']:.1f}" for x in runs if x["mode"] == m) for m in modes]
+    med = [statistics.median(x["tok_s"] for x in runs if x["mode"] == m) for m in modes]
+    return [[*cells, f"{med[0] / med[1]:.2f}x"]]

@@ -2,12 +2,13 @@
 float32, two engines in one process.
 
     env -u OPENBLAS_CORETYPE python bench/exact_pack.py [--model bundled:smollm2-135m-instruct]
-        [--streams 1,4,16] [--tokens 96] [--rounds 3] [--out bench/results/exact_pack.json]
+        [--streams 1,4,16] [--tokens 96] [--rounds 3] [--closed-loop 16] [--out bench/results/exact_pack.json]
 
 Two engines of the README's defaults, one with `engine.cpu_exact_packing` and one without, alternating
 (bench/engine_ab.py): per stream count, ms per decode token of one stream, the prefill's ms (every
 stream's ~200-token prompt), and whether both engines produced the same tokens (they must: the packed
-weights are the float32 ones, bit for bit). Prints a table and writes JSON.
+weights are the float32 ones, bit for bit). With `--closed-loop N`, also N clients in a closed loop
+(bench/engine_ab.py), 3N requests per engine and round. Prints tables and writes JSON.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import json
 import platform
+import statistics
 
 import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 
-from bench.engine_ab import alternate, arguments, rows
+from bench.engine_ab import alternate, arguments, closed_loop, rows
 from bench.gpu import table
 
 MODES = ("packed", "float32")
@@ -51,8 +53,16 @@ def main() -> None:
         ["streams", "measure", *MODES, "float32 / packed (medians)", "same tokens"],
         rows(runs, list(MODES), streams),
     )
+    closed = (
+        closed_loop(engines, args.closed_loop, 3 * args.closed_loop, args.rounds) if args.closed_loop else []
+    )
+    if closed:
+        print(f"\n{args.closed_loop} clients in a closed loop, output tok/s by round\n")
+        cells = [" / ".join(f"{x['tok_s']:.1f}" for x in closed if x["mode"] == m) for m in MODES]
+        med = {m: statistics.median(x["tok_s"] for x in closed if x["mode"] == m) for m in MODES}
+        table([*MODES, "packed / float32 (medians)"], [[*cells, f"{med['packed'] / med['float32']:.2f}x"]])
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    result = {"args": vars(args), "machine": machine, "layer_mb": read, "runs": runs}
+    result = {"args": vars(args), "machine": machine, "layer_mb": read, "runs": runs, "closed_loop": closed}
     Path(args.out).write_text(json.dumps(result, indent=1))
 
 

@@ -1,7 +1,7 @@
 """The C forward's weights on 2 MB pages against where MLX loaded them, two engines in one process.
 
     env -u OPENBLAS_CORETYPE python bench/huge_pages.py [--model bundled:smollm2-135m-instruct]
-        [--streams 1,4,16] [--tokens 96] [--rounds 3] [--out bench/results/huge_pages.json]
+        [--streams 1,4,16] [--tokens 96] [--rounds 3] [--closed-loop 16] [--out bench/results/huge_pages.json]
 
 Two engines of the README's defaults, one with `engine.cpu_huge_pages` (engine/runner/cpu/huge_pages.py)
 and one without; each round runs every stream count on both, alternating which goes first, so a slow
@@ -27,7 +27,7 @@ import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 
-from bench.engine_ab import alternate, arguments
+from bench.engine_ab import alternate, arguments, closed_loop, closed_rows
 from bench.engine_ab import rows as ab_rows
 from bench.gpu import table
 
@@ -56,8 +56,14 @@ def main() -> None:
         f"\n{args.model} on {machine}; the first engine put {huge_mb:.0f} MB on 2 MB pages; rounds in order\n"
     )
     table(["streams", "measure", *MODES, "as loaded / huge pages (medians)", "same tokens"], rows)
+    closed = (
+        closed_loop(engines, args.closed_loop, 3 * args.closed_loop, args.rounds) if args.closed_loop else []
+    )
+    if closed:
+        print(f"\n{args.closed_loop} clients in a closed loop, output tok/s by round\n")
+        table([*MODES, "huge pages / as loaded (medians)"], closed_rows(closed, list(MODES)))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    result = {"args": vars(args), "machine": machine, "huge_mb": huge_mb, "runs": runs}
+    result = {"args": vars(args), "machine": machine, "huge_mb": huge_mb, "runs": runs, "closed_loop": closed}
     Path(args.out).write_text(json.dumps(result, indent=1))
 
 
