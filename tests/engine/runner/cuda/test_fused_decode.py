@@ -2,6 +2,7 @@
 kernels must equal: the model's own logits and K/V, its shape check, and a probe that catches a wrong one."""
 
 import engine  # noqa: F401  # isort: split
+from engine.runner.cuda import fused_decode
 from engine.runner.cuda.fused_decode import _PROBE_STEPS, probe, reference, shape_refusal
 from engine.runner.cuda.layer_kernels import rotate
 from engine.runner.fast_path import Target
@@ -12,6 +13,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from mlx import nn
+from mlx.utils import tree_flatten
 from mlx_lm.models import llama, qwen3
 
 LLAMA = {
@@ -36,10 +38,10 @@ LLAMA3_SCALING = {
 }
 
 
-def _target(model: nn.Module, block_size: int = 4) -> Target:
+def _target(model: nn.Module, block_size: int = 4, dtype: mx.Dtype = mx.float32) -> Target:
     attn = model.layers[0].self_attn
     shape = LayerShape(attn.n_kv_heads, attn.head_dim, attn.head_dim)
-    storage = KVStorage([shape] * len(model.layers), 16, block_size, mx.float32)
+    storage = KVStorage([shape] * len(model.layers), 16, block_size, dtype)
     return Target(model, storage, "cpu", split_head(model))
 
 
@@ -70,6 +72,43 @@ def test_the_probe_catches_a_forward_that_rotates_the_wrong_pairs():
     fused.layers[1].attn.traditional = True
     reason = probe(fused, target)
     assert reason is not None and "differ from the model's own call" in reason
+
+
+def _bf16_target(layers: int) -> Target:
+    model = _llama(num_hidden_layers=layers)
+    model.set_dtype(mx.bfloat16)
+    mx.eval(model.parameters())
+    return _target(model, dtype=mx.bfloat16)
+
+
+def test_a_half_type_forward_past_the_tolerance_is_judged_against_float32(monkeypatch):
+    # Over many layers bf16 rounding alone passes the tolerance (the bundled SmolLM2 on an H200: 0.019
+    # from the own call, and each path 0.026 from float32); with no tolerance left, every probe here
+    # takes the float32 look.
+    monkeypatch.setattr(fused_decode, "_HALF_TOLERANCE", 0.0)
+    target = _bf16_target(layers=8)
+    fused = reference(target)  # fuses the model's projections in place
+    assert not isinstance(fused, str)
+    weights = tree_flatten(target.model.parameters())
+    assert probe(fused, target) is None  # as far from float32 as the own call
+    after = tree_flatten(target.model.parameters())
+    assert all(a is b for (_, a), (_, b) in zip(weights, after, strict=True))  # the very arrays back
+    wrong_target = _bf16_target(layers=8)
+    wrong = reference(wrong_target)
+    assert not isinstance(wrong, str)
+    wrong.layers[1].attn.traditional = True  # before its first run: the forward compiles once
+    reason = probe(wrong, wrong_target)
+    assert reason is not None and "from its float32 call" in reason
+
+
+def test_a_half_type_model_too_large_for_the_float32_look_keeps_the_refusal(monkeypatch):
+    monkeypatch.setattr(fused_decode, "_HALF_TOLERANCE", 0.0)
+    monkeypatch.setattr(fused_decode, "_FLOAT32_PROBE_MAX_BYTES", 1)
+    target = _bf16_target(layers=2)
+    fused = reference(target)
+    assert not isinstance(fused, str)
+    reason = probe(fused, target)
+    assert reason is not None and "too large to hold in float32" in reason
 
 
 def test_decoded_tokens_and_written_kv_match_the_models_own_decode():
