@@ -267,8 +267,10 @@ class EngineConfig(BaseModel):
             "4-bit model dequantized to float32, such as the bundled GGUF's Q4_1 weights). At load each packed "
             "weight is expanded back and compared bit for bit with the float32 one, and the forward's logits "
             "with both; the matmuls run the float32 tile code on expanded tiles, so the logits are the same "
-            "bits, from fewer bytes (engine/runner/cpu/cpu_pack.h). None or True: on where the proof holds; "
-            "False: the float32 weights are read as they are."
+            "bits, from fewer bytes (engine/runner/cpu/cpu_pack.h). The float32 weights stay loaded (sgemm and "
+            "MLX read them), so the packed copies are extra memory, at most a quarter of what is available at "
+            "load (a bfloat16 checkpoint's copy is half its float32 size). None or True: on where the proof "
+            "holds; False: the float32 weights are read as they are."
         ),
     )
 

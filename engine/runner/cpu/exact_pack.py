@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 from collections import Counter
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from engine.runner.cpu import huge_pages
 from engine.runner.cpu.matrix import Matrix
@@ -36,7 +37,7 @@ class Packing:
 
     @property
     def packed(self) -> bool:
-        return any(kind != "float32" for kind in self.kinds.elements())
+        return any(kind in _KINDS.values() for kind in self.kinds.elements())
 
     def describe(self, before: list[Matrix]) -> str:
         read = sum(_nbytes(m) for m in self.weights[3:])
@@ -45,15 +46,25 @@ class Packing:
         return f"layer weights {kinds}; {was / 2**20:.0f} MB read as {read / 2**20:.0f} MB"
 
 
-def pack(lib: ctypes.CDLL, weights: list[Matrix], huge: bool = False) -> Packing:
+def pack(lib: ctypes.CDLL, weights: list[Matrix], huge: bool = False, budget: int | None = None) -> Packing:
     """The kernel's weight list with every float32 layer matrix (weights[3:], two-dimensional) that a
     smaller form holds exactly in that form; the embedding, final norm and head stay as they are.
-    `huge`: the packed arrays in one arena on 2 MB pages (huge_pages.py), read at every step."""
-    out, kinds = list(weights[:3]), Counter[str]()
+    `huge`: the packed arrays in one arena on 2 MB pages (huge_pages.py), read at every step.
+    The float32 weights stay loaded (sgemm and MLX read them), so the packed copies are extra memory:
+    at most `budget` bytes of them (default: a quarter of the memory available now); the weights
+    past it stay float32 ("float32, no room")."""
+    budget = memory_budget() if budget is None else budget
+    out, kinds, used = list(weights[:3]), Counter[str](), 0
     for matrix in weights[3:]:
-        packed = _packed(lib, matrix) if not matrix.bits and matrix.arrays[0].ndim == 2 else None
-        if matrix.arrays[0].ndim == 2:
-            kinds["float32" if packed is None else _KINDS[packed.bits]] += 1
+        if matrix.bits or matrix.arrays[0].ndim != 2:
+            out.append(matrix)
+            continue
+        room = used + _smallest(matrix) <= budget
+        packed = _packed(lib, matrix) if room else None
+        if packed is not None and used + _nbytes(packed) > budget:  # a bfloat16 copy past the budget
+            packed, room = None, False
+        used += _nbytes(packed) if packed is not None else 0
+        kinds[_KINDS[packed.bits] if packed else "float32" if room else "float32, no room"] += 1
         out.append(packed or matrix)
     if huge:
         out = _gathered(out)
@@ -69,6 +80,21 @@ def _gathered(weights: list[Matrix]) -> list[Matrix]:
 
 
 _KINDS = {16: "bfloat16", 4: "4-bit affine"}
+_MEMORY_SHARE = 4  # the packed copies may take a quarter of the memory available at load
+
+
+def memory_budget() -> int:
+    """A quarter of the memory available now (Linux's MemAvailable); no limit where it is unknown."""
+    try:
+        line = next(x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemAvailable"))
+    except (OSError, StopIteration):
+        return 1 << 62
+    return int(line.split()[1]) * 1024 // _MEMORY_SHARE
+
+
+def _smallest(matrix: Matrix) -> int:
+    """The fewest bytes a packing of `matrix` can take: 4-bit codes with a scale and bias per 32."""
+    return matrix.arrays[0].size // 2 + matrix.arrays[0].size // 4
 
 
 def _declare(lib: ctypes.CDLL) -> None:

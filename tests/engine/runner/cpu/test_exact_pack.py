@@ -115,6 +115,20 @@ def test_float32_weights_no_smaller_form_holds_stay_as_they_are():
     assert packing.weights == decode._matrices
 
 
+def test_packed_copies_stay_within_the_memory_budget():
+    model = affine_exact_llama()
+    decode = built(model, packing=False)
+    weights = decode._matrices
+    sizes = [exact_pack._smallest(m) for m in weights[3:] if m.arrays[0].ndim == 2]
+    packing = exact_pack.pack(decode._lib, weights, budget=3 * max(sizes))
+    packed = [m for m in packing.weights if m.exact]
+    assert packing.packed and 0 < len(packed) < len(sizes)
+    assert sum(a.nbytes for m in packed for a in m.arrays) <= 3 * max(sizes)
+    assert packing.kinds["float32, no room"] == len(sizes) - len(packed)
+    assert not exact_pack.pack(decode._lib, weights, budget=0).packed
+    assert exact_pack.memory_budget() > 0
+
+
 def test_one_weight_a_unit_in_the_last_place_off_is_not_packed():
     model = affine_exact_llama()
     decode = built(model, packing=False)
