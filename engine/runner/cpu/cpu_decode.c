@@ -86,6 +86,16 @@ typedef struct {
     const float *f32; /* an exact packing's float32 weights, for sgemm: the float32 path's very call */
 } mat_t;
 
+/* Weight `i` of the forward's list: four pointers (data; scales and biases, or NULL; the float32 weights
+   an exact packing holds, or NULL) and two formats (bits, group) each; bits below 0 mark an exact
+   packing. */
+static mat_t weight_at(const void *const *weights, const int32_t *formats, size_t i) {
+    const int bits = formats[2 * i];
+    mat_t m = {weights[4 * i],      weights[4 * i + 1], weights[4 * i + 2], bits < 0 ? -bits : bits,
+               formats[2 * i + 1], bits < 0,           weights[4 * i + 3]};
+    return m;
+}
+
 static sgemm_t g_sgemm;
 static sgemv_t g_sgemv;
 static int g_threads = 1, g_direct_min = 1, g_direct_rows = MAX_DIRECT;
@@ -131,16 +141,6 @@ static void rope(float *x, int heads, int pos) {
             v[i + HALF] = a * s + b * c;
         }
     }
-}
-
-/* Weight `i` of the forward's list: four pointers (data; scales and biases, or NULL; the float32 weights
-   an exact packing holds, or NULL) and two formats (bits, group) each; bits below 0 mark an exact
-   packing. */
-static mat_t weight_at(const void *const *weights, const int32_t *formats, size_t i) {
-    const int bits = formats[2 * i];
-    mat_t m = {weights[4 * i],      weights[4 * i + 1], weights[4 * i + 2], bits < 0 ? -bits : bits,
-               formats[2 * i + 1], bits < 0,           weights[4 * i + 3]};
-    return m;
 }
 
 /* One layer's rows between the q/k/v products and o_proj, as items of parallel_for. */
@@ -194,8 +194,8 @@ static void swiglu_item(void *ctx, int item, int worker) {
 }
 
 /* weights: embed (VOCAB, H), final norm (H), lm head (VOCAB, H), then PER_LAYER per layer, each as
-   weight_at reads it (four pointers a weight). pools: per layer K then V, each PARTS pointers (data; and scales, biases where
-   quantized), each array (KVH, pool_blocks, BS, width). logits: (n_logits, VOCAB), for the rows
+   weight_at reads it (four pointers a weight). pools: per layer K then V, each PARTS pointers (data;
+   and scales, biases where quantized), each array (KVH, pool_blocks, BS, width). logits: (n_logits, VOCAB), for the rows
    logit_rows names. With `greedy` (n_logits int32), the rows' greedy tokens instead (cpu_greedy.h,
    through `screen`, the head in bfloat16, and `screen_err`, its rows' error bounds): a row whose token
    is -1 has its full logits in `logits`. Returns 0, or -1 when scratch memory could not be had. */

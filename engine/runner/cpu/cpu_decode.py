@@ -143,15 +143,9 @@ class CpuDecode:
         # MLX's prefill attends to them unquantized, and the greedy output of those models is MLX's.
         self.serves_chunks = any(m.bits and not m.exact for m in weights) or storage.quant is None
         self.weight_packing = "off"
-        self.direct_min, self.direct_rows = 1, MAX_DIRECT
         self.blas = blas
         lib.configure.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 3
-        # the row counts whose forwards are faster with the own matmuls, on this machine
-        self.direct_min, self.direct_rows = measure_direct_rows(self.scratch_forward, MAX_DIRECT)
-        if any(m.exact for m in weights):
-            # One row through the own matmuls too (not sgemv): the packed weights' expansion feeds the
-            # float32 tile code, and same_logits compares the two at the settings served.
-            self.direct_min = 1
+        self._measure_direct_rows()
         # Greedy rows screen a float32 head through its bfloat16 copy (cpu_greedy.h); None: a quantized
         # head, which the kernel reads whole. The load probe may drop it (cpu_decode_probe.py).
         head, lib.screens.restype = weights[2], ctypes.c_int
@@ -169,8 +163,17 @@ class CpuDecode:
         """Reads `weights` from now on (the float32 ones an exact packing stood for), with the direct
         rows measured anew for them."""
         self._use(weights)
+        self._measure_direct_rows()
+
+    def _measure_direct_rows(self) -> None:
+        """The row counts whose forwards are faster with the own matmuls, on this machine, for the
+        weights in use."""
         self.direct_min, self.direct_rows = 1, MAX_DIRECT
         self.direct_min, self.direct_rows = measure_direct_rows(self.scratch_forward, MAX_DIRECT)
+        if any(m.exact for m in self._matrices):
+            # One row through the own matmuls too (not sgemv): the packed weights' expansion feeds the
+            # float32 tile code, and same_logits compares the two at the settings served.
+            self.direct_min = 1
 
     def same_logits(self, weights: list[Matrix], rows: tuple[int, ...]) -> bool:
         """Whether forwards over `weights` give the logits of forwards over this instance's, bit for bit,

@@ -191,12 +191,13 @@ static void linear(mat_t w, const float *x, float *y, int rows, int out, int in,
     qgemm_direct(x, sc.xsum, xp, w, y, rows, out, in);
 }
 
-/* Rows x of every `in` weights times one weight (four pointers, as weight_at reads them), for the load-time measurement of direct_rows:
-   mode 0 reads codes directly, mode 1 dequantizes tiles for sgemm. Returns -1 without memory. */
+/* Rows x of every `in` weights times one weight (four pointers, as weight_at reads them), for the
+   load-time measurement of direct_rows: mode 0 reads codes directly, mode 1 dequantizes tiles for
+   sgemm. Returns -1 without memory. */
 int matmul(const void *const *weight, const int32_t *format, const float *x, float *y, int rows, int out,
            int in, int mode) {
     if (mode == 0 && rows > MAX_DIRECT) return -1;
-    mat_t w = {weight[0], weight[1], weight[2], abs(format[0]), format[1], format[0] < 0, weight[3]};
+    mat_t w = weight_at(weight, format, 0);
     float *tile = malloc(sizeof(float) * ((size_t)TILE * in + (size_t)MAX_DIRECT * in / 32));
     if (!tile) return -1;
     mm_scratch_t sc = {tile, tile + (size_t)TILE * in};

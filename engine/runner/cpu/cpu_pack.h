@@ -162,7 +162,7 @@ size_t pack_affine4(const float *w, int out, int in, uint32_t *codes, float *sca
    bit from the packed form (pointers and formats as decode_forward reads a weight): the load-time proof
    that a packing is exact. */
 size_t unpack_mismatches(const void *const *weight, const int32_t *format, const float *ref, int out, int in) {
-    const mat_t m = {weight[0], weight[1], weight[2], abs(format[0]), format[1], format[0] < 0, NULL};
+    const mat_t m = weight_at(weight, format, 0);
     float *row = malloc(sizeof(float) * (size_t)in);
     if (!row) return (size_t)out;
     size_t missed = 0;

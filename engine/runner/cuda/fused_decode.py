@@ -271,9 +271,14 @@ def _worst(expected: list[mx.array], got: list[mx.array]) -> float:
     )
 
 
+def _float_modules(model: nn.Module) -> list[nn.Module]:
+    """The model and the fused products that sit outside its tree: everything holding its weights."""
+    return [model, *(p for p in fused_products(model) if isinstance(p, nn.Module))]
+
+
 def _floating_bytes(model: nn.Module) -> int:
     """The bytes of the model's floating weights, the fused products' included."""
-    modules = [model, *(p for p in fused_products(model) if isinstance(p, nn.Module))]
+    modules = _float_modules(model)
     total = 0
     for module in modules:
         for item in tree_flatten(module.parameters()):
@@ -288,7 +293,7 @@ def _float32_run(target: Target, reference_kernel: bool, per_row: int) -> list[m
     products' too), on float32 pools of its own; the weights it had are put back. Holds a float32 copy
     of the floating weights meanwhile."""
     model, storage = target.model, target.storage
-    modules = [model, *(p for p in fused_products(model) if isinstance(p, nn.Module))]
+    modules = _float_modules(model)
     saved = [m.parameters() for m in modules]
     try:
         for m in modules:
