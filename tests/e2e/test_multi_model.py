@@ -171,6 +171,17 @@ def _states(served: Served) -> dict[str, str]:
     return {card["id"]: card["state"] for card in cards}
 
 
+def _wait_for_state(served: Served, state: str, timeout_s: float) -> None:
+    """Until the tiny model's state is `state` in four answers in a row. Each of the two Ingress replicas
+    reads Ray Serve's status once a second, so for up to a second one may still give the old state after
+    the other gives the new one."""
+    deadline, states = time.monotonic() + timeout_s, list[str]()
+    while states[-4:] != [state] * 4 and time.monotonic() < deadline:
+        states.append(_states(served)[TINY])
+        time.sleep(0.25)
+    assert states[-4:] == [state] * 4, states[-12:]
+
+
 def test_each_model_answers_under_its_names_and_an_unknown_name_is_a_404(served: Served):
     for name in ("default", SMOL, "chat", "SmolLM2-135M-Instruct"):
         reply = _chat(served, name)
@@ -250,13 +261,7 @@ def test_a_cold_on_demand_model_starts_on_its_first_request_with_keepalives(serv
     assert seen_waiting >= 1  # one of the two Ingress replicas holds the request and counts it
     assert lines.count(": keep-alive") >= 2, f"{waited_s:.1f} s of wait, lines {lines[:5]}"
     assert [line for line in lines if line][-1] == "data: [DONE]"
-    # Each of the two Ingress replicas reads Ray Serve's status once a second, so for up to a second
-    # one may still say "loading" after the other says "loaded": wait for four answers in a row.
-    deadline, states = time.monotonic() + 10, list[str]()
-    while states[-4:] != ["loaded"] * 4 and time.monotonic() < deadline:
-        states.append(_states(served)[TINY])
-        time.sleep(0.25)
-    assert states[-4:] == ["loaded"] * 4, states
+    _wait_for_state(served, "loaded", 10)
 
 
 def test_the_pinned_model_runs_on_the_node_with_its_resource(served: Served):
@@ -282,10 +287,7 @@ def test_the_hybrid_model_answers_sixteen_concurrent_streams_as_one_at_a_time(se
 
 
 def test_an_idle_on_demand_model_goes_back_to_zero_replicas(served: Served):
-    deadline = time.monotonic() + 120  # idle timeout + the autoscaler's look-back + a replica's stop
-    while _states(served)[TINY] != "cold" and time.monotonic() < deadline:
-        time.sleep(2)
-    assert _states(served)[TINY] == "cold"
+    _wait_for_state(served, "cold", 120)  # idle timeout + the autoscaler's look-back + a replica's stop
     serve_status = _cluster_facts(served)["deployments"][f"Scheduler-{TINY}"]
     assert serve_status["replicas"].get("RUNNING", 0) == 0, serve_status
     assert _chat(served, SMOL).status_code == 200  # the always-on model is untouched
