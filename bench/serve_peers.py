@@ -58,6 +58,8 @@ class Peer:
     direct_ingress: bool = False
     # ours: EngineConfig fields set on top of the config's (e.g. a fast path off, for an A/B in one run)
     engine: tuple[tuple[str, object], ...] = ()
+    # ours: environment of `serve run` set on top of bench/serve.py's (e.g. Ray's worker niceness)
+    env: tuple[tuple[str, str], ...] = ()
 
     def venv(self, cache: Path) -> Path:
         return cache / "bench-venvs" / (self.venv_name or self.name)
@@ -118,6 +120,15 @@ PEERS: dict[str, Peer] = {
     # engine/runner/cpu/exact_pack.py
     "ours-unpacked": Peer(
         "ours-unpacked", "ours", [], OURS_VERSIONS, "ignore_eos", engine=(("cpu_exact_packing", False),)
+    ),
+    # K and V stored as 8-bit codes (engine.kv_cache_dtype int8), as llama-server stores them in 16 bits
+    # by default: a 16-row decode step at 300 tokens of context reads 221 MB of float32 K/V
+    "ours-kv8": Peer(
+        "ours-kv8", "ours", [], OURS_VERSIONS, "ignore_eos", engine=(("kv_cache_dtype", "int8"),)
+    ),
+    # Ray's workers at its default niceness, 15: `serve run` without the README's RAY_worker_niceness=0
+    "ours-nice15": Peer(
+        "ours-nice15", "ours", [], OURS_VERSIONS, "ignore_eos", env=(("RAY_worker_niceness", "15"),)
     ),
     "mlx-lm": Peer(
         "mlx-lm", "mlx-lm", [MLX_LM, "mlx[cpu]"], ["mlx-lm", "mlx"], "logit_bias", use_model_path=True

@@ -59,6 +59,13 @@ class Scheduler:
         self._ray_metrics = RayMetricsExporter(model_name, self._replica_id)
         self._export_task: asyncio.Task[None] | None = None
         serve_logger.info("engine for %s loaded: %s", model_name, self._engine.compute)
+        if self._engine.compute.niceness > 0:
+            serve_logger.warning(
+                "this replica runs at nice %d (Ray's default for its workers), so the busy threads of "
+                "other processes, Ray's own among them, run before the engine's: start `serve run` with "
+                "RAY_worker_niceness=0 (the README's start) to run it at 0",
+                self._engine.compute.niceness,
+            )
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[list[RequestOutput] | EngineError]:
         """Call through a streaming handle: `list[RequestOutput]` batches (empty ones say "admitted"

@@ -15,6 +15,7 @@ the model runner and the paged cache receive what was picked and never ask which
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -89,6 +90,7 @@ class Choice:
             not_taken=dict(self.not_taken),
             quantized_rows=getattr(self.built.get("decode"), "quantized_rows", "off"),
             weight_packing=getattr(self.built.get("decode"), "weight_packing", "off"),
+            niceness=os.nice(0) if hasattr(os, "nice") else 0,
         )
 
 

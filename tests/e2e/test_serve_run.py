@@ -30,6 +30,15 @@ STARTUP_TIMEOUT_S = 300
 _SIGINT_DEFAULT_EXEC = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
 
 
+def readme_start_env() -> dict[str, str]:
+    """The NAME=value words before `serve run` in the README's start command."""
+    line = next(
+        ln for ln in (REPO / "README.md").read_text().splitlines() if "serve run serve_config.yaml" in ln
+    )
+    words = line.split("&&")[-1].split()
+    return dict(w.split("=", 1) for w in words[: words.index("serve")])
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory) -> Iterator[serve_proc.ServerProcess]:
     config = yaml.safe_load((REPO / "serve_config.yaml").read_text())
@@ -38,8 +47,8 @@ def served(tmp_path_factory) -> Iterator[serve_proc.ServerProcess]:
     folder = tmp_path_factory.mktemp("serve_run")
     config_path = folder / "serve_config.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-    # RAY_ADDRESS=local: a cluster of its own, never the one conftest.py started in this process.
-    env = os.environ | {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_ADDRESS": "local"}
+    # The README's variables; RAY_ADDRESS=local: a cluster of its own, never the one conftest.py started.
+    env = os.environ | readme_start_env() | {"RAY_ADDRESS": "local"}
     # As a terminal starts it: SIGINT at its default. A test run started in the background (`&` in a
     # script) inherits SIGINT ignored, and Python keeps an ignored SIGINT ignored, so Ctrl-C would be lost.
     cmd = [sys.executable, "-c", _SIGINT_DEFAULT_EXEC, SERVE_CLI, "run", str(config_path)]
@@ -98,6 +107,15 @@ def test_every_mlx_process_runs_openblas_with_the_configured_threads(served):
     assert compute["blas_detail"].endswith("2 threads")  # scheduler.num_threads: 2
     assert "DYNAMIC_ARCH" in compute["blas_config"] and compute["blas_core"] == blas.core
     assert compute["decode"] == "c_forward" and compute["prefill"] == "c_forward"
+
+
+def test_the_readme_start_runs_the_engine_at_nice_0(served):
+    assert readme_start_env()["RAY_worker_niceness"] == "0"
+    (replica,) = httpx.get(f"{served.base_url}/v1/status", timeout=30).json()["replicas"]
+    assert replica["compute"]["niceness"] == 0  # Ray's default for its workers is 15
+    log = served.log_path.read_text(errors="replace")
+    assert "engine for smollm2 loaded" in log  # the Scheduler's log reaches serve run's output
+    assert "RAY_worker_niceness=0" not in log  # ... and its warning at any niceness above 0 is not there
 
 
 def _stream_until_cut(url: str) -> None:
