@@ -122,7 +122,33 @@ def test_rows_of_one_sequence_in_one_call_equal_one_call_per_row(dtype):
     positions = [len(prompt) + i for i in range(len(drafts))]  # 6, 7, 8: across a block boundary
     joint = np.array(decode.step(mx.array(drafts), positions, [table] * len(drafts)))
     one_by_one = [np.array(single.step(mx.array([t]), [p], [table]))[0] for t, p in zip(drafts, positions)]
-    assert np.allclose(joint, np.stack(one_by_one), rtol=0, atol=1e-5)
+    assert np.array_equal(joint, np.stack(one_by_one))
+    for a, b in zip(together.arrays(), apart.arrays()):
+        assert np.array(a).tobytes() == np.array(b).tobytes()
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_a_chunk_beside_a_row_that_shares_its_first_block_reads_what_one_row_a_call_reads(dtype):
+    """A chunk's rows, and beside them a row of another sequence whose table shares only the chunk's
+    first block (a cached prefix), each read their own blocks: one call gives what one row a call
+    gives, bit for bit."""
+    model = tiny_llama(**SHAPES["hd32"])
+    chunk_table, other_table = [7, 2, 9], [7, 11, 4]  # block 7: the prefix both prompts share
+    together, apart = prefilled_pair(
+        model, dtype, [chunk_table, other_table], [[3, 1, 4, 1, 5], [3, 1, 4, 1, 9]]
+    )
+    decode, reason = build(model, together)
+    single, _ = build(model, apart)
+    assert decode is not None and single is not None, reason
+    for side in (decode, single):
+        side.direct_min, side.direct_rows = 1, cpu_decode.MAX_DIRECT
+    tokens, positions = [6, 2, 6, 5, 3, 5], [5, 5, 6, 7, 8, 9]  # row 0 the other sequence, 1-5 the chunk
+    tables = [other_table] + [chunk_table] * 5
+    joint = np.array(decode.step(mx.array(tokens), positions, tables))
+    one_by_one = [
+        np.array(single.step(mx.array([t]), [p], [tb]))[0] for t, p, tb in zip(tokens, positions, tables)
+    ]
+    assert np.array_equal(joint, np.stack(one_by_one))
     for a, b in zip(together.arrays(), apart.arrays()):
         assert np.array(a).tobytes() == np.array(b).tobytes()
 
