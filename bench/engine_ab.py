@@ -14,6 +14,7 @@ import time
 from engine.llm_engine import LLMEngine
 from engine.messages import GenerateRequest, SamplingParams
 
+from bench.gpu import table
 from bench.greedy_screen import decode
 
 
@@ -104,3 +105,14 @@ def closed_rows(runs: list[dict], modes: list[str]) -> list[list]:
     cells = [" / ".join(f"{x['tok_s']:.1f}" for x in runs if x["mode"] == m) for m in modes]
     med = [statistics.median(x["tok_s"] for x in runs if x["mode"] == m) for m in modes]
     return [[*cells, f"{med[0] / med[1]:.2f}x"]]
+
+
+def closed_loop_report(engines: dict[str, LLMEngine], args: argparse.Namespace, ratio: str) -> list[dict]:
+    """closed_loop with `--closed-loop` clients (three requests each per engine and round) and its table
+    printed, the column of the medians' ratio titled `ratio`; [] without `--closed-loop`."""
+    if not args.closed_loop:
+        return []
+    runs = closed_loop(engines, args.closed_loop, 3 * args.closed_loop, args.rounds)
+    print(f"\n{args.closed_loop} clients in a closed loop, output tok/s by round\n")
+    table([*engines, ratio], closed_rows(runs, list(engines)))
+    return runs

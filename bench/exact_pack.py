@@ -21,13 +21,12 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import json
 import platform
-import statistics
 
 import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 
-from bench.engine_ab import alternate, arguments, closed_loop, rows
+from bench.engine_ab import alternate, arguments, closed_loop_report, rows
 from bench.gpu import table
 
 MODES = ("packed", "float32")
@@ -53,14 +52,7 @@ def main() -> None:
         ["streams", "measure", *MODES, "float32 / packed (medians)", "same tokens"],
         rows(runs, list(MODES), streams),
     )
-    closed = (
-        closed_loop(engines, args.closed_loop, 3 * args.closed_loop, args.rounds) if args.closed_loop else []
-    )
-    if closed:
-        print(f"\n{args.closed_loop} clients in a closed loop, output tok/s by round\n")
-        cells = [" / ".join(f"{x['tok_s']:.1f}" for x in closed if x["mode"] == m) for m in MODES]
-        med = {m: statistics.median(x["tok_s"] for x in closed if x["mode"] == m) for m in MODES}
-        table([*MODES, "packed / float32 (medians)"], [[*cells, f"{med['packed'] / med['float32']:.2f}x"]])
+    closed = closed_loop_report(engines, args, "packed / float32 (medians)")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     result = {"args": vars(args), "machine": machine, "layer_mb": read, "runs": runs, "closed_loop": closed}
     Path(args.out).write_text(json.dumps(result, indent=1))

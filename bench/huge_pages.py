@@ -27,7 +27,7 @@ import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 
-from bench.engine_ab import alternate, arguments, closed_loop, closed_rows
+from bench.engine_ab import alternate, arguments, closed_loop_report
 from bench.engine_ab import rows as ab_rows
 from bench.gpu import table
 
@@ -56,12 +56,7 @@ def main() -> None:
         f"\n{args.model} on {machine}; the first engine put {huge_mb:.0f} MB on 2 MB pages; rounds in order\n"
     )
     table(["streams", "measure", *MODES, "as loaded / huge pages (medians)", "same tokens"], rows)
-    closed = (
-        closed_loop(engines, args.closed_loop, 3 * args.closed_loop, args.rounds) if args.closed_loop else []
-    )
-    if closed:
-        print(f"\n{args.closed_loop} clients in a closed loop, output tok/s by round\n")
-        table([*MODES, "huge pages / as loaded (medians)"], closed_rows(closed, list(MODES)))
+    closed = closed_loop_report(engines, args, "huge pages / as loaded (medians)")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     result = {"args": vars(args), "machine": machine, "huge_mb": huge_mb, "runs": runs, "closed_loop": closed}
     Path(args.out).write_text(json.dumps(result, indent=1))
