@@ -2,11 +2,12 @@
 
     python bench/ports.py [--config serve_config.yaml] [--ray-default] [--out bench/results/ports.json]
 
-Starts `serve run <config>` with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (Ray then takes the loopback
-address as the node's IP, so its metrics exporters, dashboard agent, GCS and raylet bind only
-there), waits for /health, lists every TCP socket that began listening since the start
-(`ss -ltnpH`, before and after), prints them, writes JSON and stops the server. `--ray-default`
-starts it without that variable, for comparison. Linux only (`ss` from iproute2).
+Starts `serve run <config>` with the README start's variables (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0:
+Ray then takes the loopback address as the node's IP, so its metrics exporters, dashboard agent, GCS
+and raylet bind only there; RAY_SERVE_ENABLE_HA_PROXY=1: HAProxy on the HTTP port), waits for
+/health, lists every TCP socket that began listening since the start (`ss -ltnpH`, before and
+after), prints them, writes JSON and stops the server. `--ray-default` starts it without them, for
+comparison. Linux only (`ss` from iproute2).
 """
 
 from __future__ import annotations
@@ -22,9 +23,13 @@ import time
 import urllib.request
 from pathlib import Path
 
+# Run as a script, this file's folder would come first on sys.path and shadow the `bench` package.
 REPO = Path(__file__).resolve().parents[1]
+sys.path[0] = str(REPO)
+
+from bench.serve_proc import readme_start_env
+
 LOOPBACK = ("127.", "[::1]", "[::ffff:127.")
-SINGLE_NODE_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 def listeners() -> set[tuple[str, str]]:
@@ -54,12 +59,12 @@ def wait_healthy(url: str, timeout_s: float) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default="serve_config.yaml")
-    ap.add_argument("--ray-default", action="store_true", help="start without the single-node variable")
+    ap.add_argument("--ray-default", action="store_true", help="start without the README's variables")
     ap.add_argument("--port", type=int, default=8000, help="the config's http_options.port")
     ap.add_argument("--out", default="bench/results/ports.json")
     args = ap.parse_args()
     before = listeners()
-    env = dict(os.environ) if args.ray_default else dict(os.environ, **SINGLE_NODE_ENV)
+    env = dict(os.environ) if args.ray_default else dict(os.environ, **readme_start_env())
     serve = str(Path(sys.executable).parent / "serve")
     proc = subprocess.Popen([serve, "run", args.config], cwd=REPO, env=env, start_new_session=True)
     try:
@@ -76,7 +81,7 @@ def main() -> None:
     open_ = [r for r in rows if not r["loopback"]]
     print(f"\n{len(rows)} listening sockets, {len(open_)} beyond loopback")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    mode = "ray default" if args.ray_default else "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0"
+    mode = "ray default" if args.ray_default else " ".join(f"{k}={v}" for k, v in readme_start_env().items())
     Path(args.out).write_text(json.dumps({"mode": mode, "config": args.config, "listeners": rows}, indent=2))
 
 

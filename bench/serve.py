@@ -155,12 +155,8 @@ def server_env(peer: serve_peers.Peer, env_info: dict) -> dict[str, str]:
     drop = ("LD_PRELOAD", "OPENBLAS_NUM_THREADS", "VIRTUAL_ENV", "RAY_ADDRESS")
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env |= {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    if peer.kind == "ours":
-        # RAY_ADDRESS=local: always a private Ray instance, never one that another process started.
-        # RAY_worker_niceness=0: Ray runs workers at nice 15, which on a busy box would put our engine
-        # behind every other process while the peers run at nice 0.
-        ray_env = {"RAY_ADDRESS": "local", "RAY_USAGE_STATS_ENABLED": "0", "RAY_worker_niceness": "0"}
-        return env | ray_env | dict(peer.env)
+    if peer.kind == "ours":  # started as the README starts it, with a Ray instance of its own
+        return serve_proc.ours_env(env) | dict(peer.env)
     if not peer.uses_mlx:
         return env  # llama.cpp: ggml's own CPU kernels, its thread count on the command line
     # An empty, existing hub cache: mlx-lm's /v1/models scans it and fails with 500 when it is missing.

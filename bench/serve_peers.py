@@ -130,6 +130,16 @@ PEERS: dict[str, Peer] = {
     "ours-nice15": Peer(
         "ours-nice15", "ours", [], OURS_VERSIONS, "ignore_eos", env=(("RAY_worker_niceness", "15"),)
     ),
+    # Ray Serve's Python HTTP proxy on port 8000, each streamed chunk one more Ray hop: `serve run`
+    # without the README's RAY_SERVE_ENABLE_HA_PROXY=1 (HAProxy, and the Ingress serving HTTP itself)
+    "ours-python-proxy": Peer(
+        "ours-python-proxy",
+        "ours",
+        [],
+        OURS_VERSIONS,
+        "ignore_eos",
+        env=(("RAY_SERVE_ENABLE_HA_PROXY", "0"),),
+    ),
     "mlx-lm": Peer(
         "mlx-lm", "mlx-lm", [MLX_LM, "mlx[cpu]"], ["mlx-lm", "mlx"], "logit_bias", use_model_path=True
     ),

@@ -17,6 +17,24 @@ from pathlib import Path
 
 import httpx
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+def readme_start_env() -> dict[str, str]:
+    """The NAME=value words before `serve run` in the README's start command."""
+    line = next(
+        ln for ln in (REPO / "README.md").read_text().splitlines() if "serve run serve_config.yaml" in ln
+    )
+    words = line.split("&&")[-1].split()
+    return dict(w.split("=", 1) for w in words[: words.index("serve")])
+
+
+def ours_env(base: dict[str, str]) -> dict[str, str]:
+    """What `serve run` gets in a benchmark or a test: `base` with the README start's variables, a Ray
+    cluster of its own (RAY_ADDRESS=local, never one another process started) and no usage stats."""
+    env = {k: v for k, v in base.items() if k not in ("RAY_ADDRESS", "OPENBLAS_NUM_THREADS")}
+    return env | readme_start_env() | {"RAY_ADDRESS": "local", "RAY_USAGE_STATS_ENABLED": "0"}
+
 
 @dataclass
 class ServerProcess:

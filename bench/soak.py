@@ -102,10 +102,7 @@ def print_report(report: dict) -> None:
 
 
 def start_server(config: Path, port: int) -> serve_proc.ServerProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "OPENBLAS_NUM_THREADS")}
-    # A private Ray instance at normal priority (Ray runs workers at nice 15 otherwise).
-    env |= {"RAY_ADDRESS": "local", "RAY_USAGE_STATS_ENABLED": "0", "RAY_worker_niceness": "0"}
-    env |= {"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    env = serve_proc.ours_env(dict(os.environ)) | {"HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     cmd = [str(Path(sys.executable).parent / "serve"), "run", str(config)]
     log_path = Path.home() / ".cache/mlx-ray-serve/bench-logs/soak-serve.log"
     return serve_proc.start("ours", cmd, env, REPO, log_path, port, signal.SIGINT)

@@ -90,8 +90,7 @@ def http_per_token_ms(model: str, config_path: Path, max_tokens: int, requests: 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "serve_config.yaml"
         path.write_text(yaml.safe_dump(config))
-        env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "OPENBLAS_NUM_THREADS")}
-        env |= {"RAY_ADDRESS": "local", "RAY_USAGE_STATS_ENABLED": "0", "RAY_worker_niceness": "0"}
+        env = serve_proc.ours_env(dict(os.environ))
         cmd = [str(Path(sys.executable).parent / "serve"), "run", str(path)]
         log_path = Path(tmp) / "serve.log"
         server = serve_proc.start("ours", cmd, env, REPO, log_path, port, signal.SIGINT)

@@ -1,5 +1,5 @@
 """`serve run serve_config.yaml` as the README starts it: its own Ray cluster, the shipped config (on a
-free port), every deployment healthy in `serve status`, the bundled model answering the SDKs,
+free port) behind HAProxy, every deployment healthy in `serve status`, the bundled model answering the SDKs,
 OpenBLAS with the config's thread count in every process that runs MLX, and Ctrl-C ending it all.
 
 The other e2e tests share one app built in-process (conftest.py); this one runs the user's command.
@@ -23,20 +23,12 @@ import pytest
 import yaml
 
 from bench import serve_proc
+from bench.serve_proc import readme_start_env
 
 REPO = Path(__file__).resolve().parents[2]
 SERVE_CLI = str(Path(sys.executable).with_name("serve"))
 STARTUP_TIMEOUT_S = 300
 _SIGINT_DEFAULT_EXEC = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
-
-
-def readme_start_env() -> dict[str, str]:
-    """The NAME=value words before `serve run` in the README's start command."""
-    line = next(
-        ln for ln in (REPO / "README.md").read_text().splitlines() if "serve run serve_config.yaml" in ln
-    )
-    words = line.split("&&")[-1].split()
-    return dict(w.split("=", 1) for w in words[: words.index("serve")])
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +108,30 @@ def test_the_readme_start_runs_the_engine_at_nice_0(served):
     log = served.log_path.read_text(errors="replace")
     assert "engine for smollm2 loaded" in log  # the Scheduler's log reaches serve run's output
     assert "RAY_worker_niceness=0" not in log  # ... and its warning at any niceness above 0 is not there
+
+
+def test_the_readme_start_serves_http_through_haproxy(served):
+    assert readme_start_env()["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+    argvs = [
+        Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        for pid in serve_proc.descendants(served.proc.pid)
+    ]
+    haproxy = [[a.decode() for a in argv] for argv in argvs if argv[0].endswith(b"/haproxy")]
+    assert len(haproxy) == 1, argvs  # Ray Serve's HAProxy holds the HTTP port, not its Python proxy
+    config = Path(haproxy[0][haproxy[0].index("-f") + 1]).read_text()
+    assert f":{served.base_url.rsplit(':', 1)[1]}\n" in config  # the port clients use
+    assert "server SERVE_REPLICA_llm-Ingress" in config  # the Ingress replica serves HTTP behind it
+    body = {
+        "model": "default",
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 8,
+        "stream": True,
+    }
+    with httpx.stream("POST", f"{served.base_url}/v1/chat/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]" and len(events) > 2
 
 
 def _stream_until_cut(url: str) -> None:
