@@ -1,6 +1,7 @@
 """Starts, checks and stops one benchmarked server process tree at a time.
 
-Owns the server's process group, its log file and the readiness wait; it also proves from
+Owns the server's process group, its log file, the readiness wait and the environment this server
+starts with (the README start command's variables); it also proves from
 /proc/<pid>/maps which processes of the tree run MLX and whether they loaded the patched OpenBLAS.
 It signals only the processes it started and their descendants, by pid.
 """
