@@ -64,7 +64,8 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results/ports.json")
     args = ap.parse_args()
     before = listeners()
-    env = dict(os.environ) if args.ray_default else dict(os.environ, **readme_start_env())
+    start_env = {} if args.ray_default else readme_start_env()
+    env = dict(os.environ, **start_env)
     serve = str(Path(sys.executable).parent / "serve")
     proc = subprocess.Popen([serve, "run", args.config], cwd=REPO, env=env, start_new_session=True)
     try:
@@ -81,7 +82,7 @@ def main() -> None:
     open_ = [r for r in rows if not r["loopback"]]
     print(f"\n{len(rows)} listening sockets, {len(open_)} beyond loopback")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    mode = "ray default" if args.ray_default else " ".join(f"{k}={v}" for k, v in readme_start_env().items())
+    mode = " ".join(f"{k}={v}" for k, v in start_env.items()) or "ray default"
     Path(args.out).write_text(json.dumps({"mode": mode, "config": args.config, "listeners": rows}, indent=2))
 
 

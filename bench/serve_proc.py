@@ -21,12 +21,16 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 
 
-def readme_start_env() -> dict[str, str]:
-    """The NAME=value words before `serve run` in the README's start command."""
-    line = next(
+def readme_start_line() -> str:
+    """The README's start command (its line that runs `serve run serve_config.yaml`)."""
+    return next(
         ln for ln in (REPO / "README.md").read_text().splitlines() if "serve run serve_config.yaml" in ln
     )
-    words = line.split("&&")[-1].split()
+
+
+def readme_start_env() -> dict[str, str]:
+    """The NAME=value words before `serve run` in the README's start command."""
+    words = readme_start_line().split("&&")[-1].split()
     return dict(w.split("=", 1) for w in words[: words.index("serve")])
 
 

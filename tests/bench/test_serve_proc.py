@@ -1,15 +1,14 @@
 """The benchmarks start this server as the README does: the variables before `serve run` in its start
 command, and a Ray instance of their own."""
 
-from bench.serve_proc import REPO, ours_env, readme_start_env
+from bench.serve_proc import ours_env, readme_start_env, readme_start_line
 
 
 def test_the_readme_start_variables_are_read_from_its_command():
     env = readme_start_env()
-    line = next(
-        ln for ln in (REPO / "README.md").read_text().splitlines() if "serve run serve_config.yaml" in ln
+    assert readme_start_line().endswith(
+        " ".join(f"{k}={v}" for k, v in env.items()) + " serve run serve_config.yaml"
     )
-    assert line.endswith(" ".join(f"{k}={v}" for k, v in env.items()) + " serve run serve_config.yaml")
     assert env["RAY_worker_niceness"] == "0" and env["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
 
 

@@ -40,7 +40,7 @@ def served(tmp_path_factory) -> Iterator[serve_proc.ServerProcess]:
     config_path = folder / "serve_config.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     # The README's variables; RAY_ADDRESS=local: a cluster of its own, never the one conftest.py started.
-    env = os.environ | readme_start_env() | {"RAY_ADDRESS": "local"}
+    env = serve_proc.ours_env(dict(os.environ))
     # As a terminal starts it: SIGINT at its default. A test run started in the background (`&` in a
     # script) inherits SIGINT ignored, and Python keeps an ignored SIGINT ignored, so Ctrl-C would be lost.
     cmd = [sys.executable, "-c", _SIGINT_DEFAULT_EXEC, SERVE_CLI, "run", str(config_path)]
