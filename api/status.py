@@ -14,14 +14,22 @@ from engine.messages import EngineStats, Histogram
 _HISTOGRAMS = ("time_to_first_token_s", "inter_token_latency_s", "e2e_request_latency_s")
 
 
-def status_body(model: str, replicas: list[tuple[str, EngineStats]], errors: list[str]) -> dict[str, Any]:
-    """`replicas` pairs each replica's id with its stats; `errors` lists replicas that did not answer."""
+def status_body(
+    model: str,
+    replicas: list[tuple[str, EngineStats]],
+    errors: list[str],
+    output_channels: dict[str, int] | None = None,
+) -> dict[str, Any]:
+    """`replicas` pairs each replica's id with its stats; `errors` lists replicas that did not answer;
+    `output_channels`: the Ingress output channels open on each replica (one per Ingress replica
+    that has streamed from it: its streams' outputs travel gathered)."""
+    channels = output_channels or {}
     return {
         "model": model,
         "num_replicas": len(replicas),
         "total": stats_json(total_stats([stats for _, stats in replicas])),
         "replicas": [
-            {"replica_id": replica_id, **stats_json(stats)}
+            {"replica_id": replica_id, "output_channels": channels.get(replica_id, 0), **stats_json(stats)}
             for replica_id, stats in sorted(replicas, key=lambda r: r[0])
         ],
         "errors": errors,

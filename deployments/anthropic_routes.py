@@ -66,7 +66,7 @@ class AnthropicRoutes:
         params.max_tokens = fit_max_tokens(params.max_tokens, len(ids), max_model_len, "clamp")
         assert served.scheduler is not None
         generation, state = await chat_generation.start(
-            served.scheduler, GenerateRequest(meta.id, ids, params, images), PROMPT_PARAM
+            served.scheduler, served.inbox, GenerateRequest(meta.id, ids, params, images), PROMPT_PARAM
         )
         if not req.stream:
             await chat_generation.collect(generation, state)

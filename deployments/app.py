@@ -35,8 +35,15 @@ from ray.serve import Application, Deployment
 from api.config import CompatibilityConfig, LimitsConfig, SecurityConfig
 from deployments.embedder import Embedder
 from deployments.ingress import Ingress
-from deployments.model_config import ModelEntry, ParserFields, check_names, deployment_suffix
+from deployments.model_config import (
+    ModelEntry,
+    ParserFields,
+    check_names,
+    check_scheduler_slots,
+    deployment_suffix,
+)
 from deployments.options import (
+    PREFIX_ROUTER,
     DeploymentOptions,
     EmbedderOptions,
     IngressOptions,
@@ -90,6 +97,13 @@ class AppConfig(ParserFields):
         "in the step that made it). "
         "None: no cap.",
     )
+    output_channels: bool = Field(
+        True,
+        description="Each Ingress replica gets the outputs of all its streams from a Scheduler replica over "
+        "one output channel: one Ray item per stream interval for all of them, not one per stream "
+        "(each item costs both processes about a millisecond of CPU; docs/architecture.md). False: "
+        "every stream carries its own outputs.",
+    )
     stream_keepalive_s: float = Field(
         HEARTBEAT_S,
         gt=0,
@@ -125,6 +139,11 @@ class AppConfig(ParserFields):
             if not self.models:
                 raise ValueError("models is empty; list at least one text model")
         check_names(self.entries())
+        if self.output_channels:
+            num_channels = self.ingress.max_replicas()
+            for entry in self.entries():
+                if entry.generates:
+                    check_scheduler_slots(entry.scheduler_options(), entry.engine_config(), num_channels)
         return self
 
     def entries(self) -> list[ModelEntry]:
@@ -185,10 +204,9 @@ class _Builder:
         engine_args = entry.engine_config().model_dump()
         name = self._name("Scheduler", entry.model_id())
         options = entry.scheduler_options().actor_options(entry.on_demand)
-        if "request_router_config" in options:  # the router keys prompts by the engine's blocks
-            options["request_router_config"]["request_router_kwargs"] = {
-                "block_size": entry.engine.block_size
-            }
+        router = options["request_router_config"]
+        if router["request_router_class"] == PREFIX_ROUTER:  # it keys prompts by the engine's blocks
+            router["request_router_kwargs"] = {"block_size": entry.engine.block_size}
         spec.scheduler = (
             _deployment(Scheduler)
             .options(name=name, **options)
@@ -228,5 +246,6 @@ def build_app(args: dict[str, Any]) -> Application:
         config.limits,
         config.compatibility,
         config.stream_keepalive_s,
+        config.output_channels,
     )
     return app

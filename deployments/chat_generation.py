@@ -16,6 +16,7 @@ from api.errors import from_engine_error, invalid
 from api.images import load_images
 from api.template_messages import ChatPrompt
 from deployments.generation import Generation
+from deployments.inbox import Inbox
 from deployments.messages import ModelInfo
 from deployments.watched_handle import WatchedHandle
 
@@ -80,10 +81,10 @@ async def image_prompt_inputs(
 
 
 async def start(
-    scheduler: WatchedHandle, request: GenerateRequest, prompt_param: str
+    scheduler: WatchedHandle, inbox: Inbox | None, request: GenerateRequest, prompt_param: str
 ) -> tuple[Generation, ChoiceState]:
     """Starts the request; a rejected one raises its ApiError before any byte goes out."""
-    generation = Generation(scheduler, [request], prompt_param)
+    generation = Generation(scheduler, [request], prompt_param, inbox)
     await generation.start()
     return generation, ChoiceState(0, num_prompt_tokens=len(request.prompt_token_ids))
 

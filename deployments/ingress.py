@@ -118,6 +118,7 @@ class Ingress:
         limits: LimitsConfig | None = None,
         compatibility: CompatibilityConfig | None = None,
         stream_keepalive_s: float = HEARTBEAT_S,
+        output_channels: bool = True,
     ):
         self.security = security or SecurityConfig()  # read by api/guard.py via _guard_configs
         self.limits = limits or LimitsConfig()
@@ -130,7 +131,7 @@ class Ingress:
             self._watch.ensure_polling()
         except RuntimeError:  # no event loop in this constructor: the first request starts it
             pass
-        self._models = ModelTable([ServedModel(spec, self._watch) for spec in models])
+        self._models = ModelTable([ServedModel(spec, self._watch, output_channels) for spec in models])
         self._cold_tokens = itertools.count()
         store: Store = LocalStore()
         if response_store is not None:
@@ -189,7 +190,7 @@ class Ingress:
         for served in self._models.models:
             if served.scheduler is not None and served.is_warm() and served.state() != "failed":
                 replicas, _ = await gather_stats(served.scheduler, _STATUS_TIMEOUT_S)
-                series.append((served.model_id, total_stats([stats for _, stats in replicas])))
+                series.append((served.model_id, total_stats([r.stats for r in replicas])))
         return Response(render_metrics(series), media_type=METRICS_CONTENT_TYPE)
 
     @app.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
@@ -321,7 +322,7 @@ class Ingress:
         params = await self._fit_max_tokens(served, params, max(len(p) for p in prompts))
         requests = [GenerateRequest(rid, ids_, params, images, n) for rid, ids_ in zip(ids, prompts)]
         assert served.scheduler is not None
-        generation = Generation(served.scheduler, requests, prompt_param)
+        generation = Generation(served.scheduler, requests, prompt_param, served.inbox)
         await generation.start()
         states = [
             ChoiceState(i * n + j, num_prompt_tokens=len(p), counts_prompt=j == 0)

@@ -129,19 +129,22 @@ class ModelEntry(ParserFields):
         return self.engine.max_model_len if self.generates else None
 
 
-def check_scheduler_slots(scheduler: SchedulerOptions, engine: EngineConfig) -> None:
-    if scheduler.max_ongoing_requests < engine.max_num_seqs:
+def check_scheduler_slots(scheduler: SchedulerOptions, engine: EngineConfig, num_channels: int = 0) -> None:
+    """`num_channels`: the Ingress replicas' output channels, each holding one slot of every replica."""
+    slots = scheduler.max_ongoing_requests - num_channels
+    held = f" less {num_channels} for the Ingress replicas' output channels" if num_channels else ""
+    if slots < engine.max_num_seqs:
         raise ValueError(
-            f"scheduler.max_ongoing_requests {scheduler.max_ongoing_requests} is below "
+            f"scheduler.max_ongoing_requests {scheduler.max_ongoing_requests}{held} is below "
             f"engine.max_num_seqs {engine.max_num_seqs}, so Ray Serve would cap the batch; "
             "raise it or lower max_num_seqs"
         )
     waiting = engine.max_waiting_requests
-    if waiting is not None and scheduler.max_ongoing_requests <= engine.max_num_seqs + waiting:
+    if waiting is not None and slots <= engine.max_num_seqs + waiting:
         # Ray Serve queues whatever is past max_ongoing_requests in its router, unbounded and unseen
         # by the engine, so the engine's bound (and its 503/529) would never be reached.
         raise ValueError(
-            f"scheduler.max_ongoing_requests {scheduler.max_ongoing_requests} must exceed "
+            f"scheduler.max_ongoing_requests {scheduler.max_ongoing_requests}{held} must exceed "
             f"engine.max_num_seqs + engine.max_waiting_requests ({engine.max_num_seqs} + {waiting}), "
             "or Ray Serve queues requests before the engine's waiting-queue bound refuses them"
         )

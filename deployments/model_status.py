@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.messages import EngineStats
-
 from api.errors import ApiError
 from api.openai_responses import ModelCard
 from api.status import status_body
+from deployments.messages import ReplicaStats
 from deployments.replica_stats import gather_stats
 from deployments.served_model import ServedModel
 
@@ -68,8 +67,9 @@ async def model_status(served: ServedModel, timeout_s: float) -> dict[str, Any]:
     }  # fmt: skip
     if served.scheduler is None:
         return body
-    replicas: list[tuple[str, EngineStats]] = []
+    replicas: list[ReplicaStats] = []
     errors: list[str] = []
     if served.is_warm() and body["state"] != "failed":
         replicas, errors = await gather_stats(served.scheduler, timeout_s)
-    return body | status_body(served.model_id, replicas, errors)
+    channels = {r.replica_id: r.num_output_channels for r in replicas}
+    return body | status_body(served.model_id, [(r.replica_id, r.stats) for r in replicas], errors, channels)

@@ -12,6 +12,7 @@ from ray.serve.config import AutoscalingConfig
 
 # Ray Serve imports the router by this path in every process that holds a Scheduler handle.
 PREFIX_ROUTER = "deployments.prefix_router.PrefixAwareRouter"
+POWER_OF_TWO_ROUTER = "deployments.prefix_router.PowerOfTwoRouter"  # Ray's choice, plus output channels
 # How often a stopping replica checks whether its open requests have finished (Ray's default: 2 s).
 _SHUTDOWN_POLL_S = 0.5
 # An on-demand model's autoscaler averages ongoing requests over a look-back window (Ray's default:
@@ -82,6 +83,12 @@ class DeploymentOptions(Strict):
             raise ValueError("set num_replicas or autoscaling_config, not both")
         return self
 
+    def max_replicas(self) -> int:
+        """The most replicas it may run: num_replicas, or its autoscaling_config's max_replicas."""
+        if self.autoscaling_config is None:
+            return self.num_replicas
+        return int(AutoscalingConfig(**self.autoscaling_config).max_replicas)
+
     def actor_options(self, on_demand: OnDemand | None = None, **extra: Any) -> dict[str, Any]:
         actor = {"num_cpus": self.num_cpus, **extra}
         actor |= {"num_gpus": self.num_gpus} if self.num_gpus else {}
@@ -118,7 +125,7 @@ class SchedulerOptions(DeploymentOptions):
         "prefix_aware",
         description="How requests spread over replicas: 'prefix_aware' sends a prompt to the replica whose "
         "prefix cache holds its longest prefix unless that one is busy (deployments/prefix_router.py); "
-        "'power_of_two' is Ray Serve's default (the less loaded of two random replicas).",
+        "'power_of_two' is Ray Serve's default choice (the less loaded of two random replicas).",
     )
 
     def runtime_env(self) -> dict[str, Any]:
@@ -130,8 +137,8 @@ class SchedulerOptions(DeploymentOptions):
     def actor_options(self, on_demand: OnDemand | None = None, **extra: Any) -> dict[str, Any]:
         env = self.runtime_env()
         options = super().actor_options(on_demand, **extra, **({"runtime_env": env} if env else {}))
-        if self.request_router == "prefix_aware":
-            options["request_router_config"] = {"request_router_class": PREFIX_ROUTER}
+        router = PREFIX_ROUTER if self.request_router == "prefix_aware" else POWER_OF_TWO_ROUTER
+        options["request_router_config"] = {"request_router_class": router}
         return options
 
 

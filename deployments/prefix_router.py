@@ -9,6 +9,9 @@ request and never fails one: any error in the prefix logic falls back to power o
     no match -> least loaded (ties: fewest indexed blocks, so new prefixes spread);
     the prompt's blocks go into the index for the chosen replica at once, and again for the replica
     that accepted it (`on_request_routed`).
+
+Both routers here send an `output_channel` call to the one replica it names (deployments/inbox.py),
+and nowhere else while that replica is away.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from engine.messages import GenerateRequest
 
 from ray.serve.request_router import LocalityMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
+from deployments.messages import ChannelRequest
 from deployments.prefix_index import PrefixIndex
 
 logger = logging.getLogger("ray.serve")  # the Ingress replica's log file and the dashboard
@@ -68,10 +72,70 @@ def prompt_of(pending_request: PendingRequest | None) -> GenerateRequest | None:
     return None
 
 
-class PrefixAwareRouter(LocalityMixin, RequestRouter):
-    """No FIFOMixin: with it, a routing task hands its chosen replica to whichever request is first
-    in line, which would send another prompt to the replica picked for this one's prefix."""
+def channel_target(pending_request: PendingRequest | None) -> str | None:
+    """The replica an `output_channel` call must reach; None for every other call."""
+    if pending_request is None or pending_request.metadata.call_method != "output_channel":
+        return None
+    for arg in [*pending_request.args, *pending_request.kwargs.values()]:
+        if isinstance(arg, ChannelRequest):
+            return arg.replica_id
+    return None
 
+
+class OwnRequestRouter(LocalityMixin, RequestRouter):
+    """Gives each routing task's choice to the request it chose for, and routes output channels.
+
+    No FIFOMixin: with it, a routing task hands its chosen replica to whichever request is first in
+    line, which would send another prompt to the replica picked for this one's prefix, or an output
+    channel to a replica it does not name."""
+
+    async def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
+        target = channel_target(pending_request)
+        if target is not None:  # none while it is away: the Ingress gives up after its open timeout
+            return [[r] for r in candidate_replicas if r.replica_id.unique_id == target]
+        # Also sets the request's `should_backoff`: without it a retry when every replica is full
+        # would spin without sleeping.
+        allowed = self.apply_locality_routing(pending_request)
+        candidates = [r for r in candidate_replicas if r.replica_id in allowed]
+        if not candidates:
+            return []
+        return await self.rank(candidates, pending_request)
+
+    async def rank(
+        self, candidates: list[RunningReplica], pending_request: PendingRequest | None
+    ) -> list[list[RunningReplica]]:
+        """Power of two choices: Ray Serve probes both and takes the less loaded."""
+        return [random.sample(candidates, min(2, len(candidates)))]
+
+    def _fulfill_next_pending_request(self, replica: RunningReplica, request_metadata: Any = None) -> None:
+        """Gives the replica to the request this routing task chose it for. Ray Serve's own rule finds
+        that request by its internal request id, which every handle call made while serving one HTTP
+        request shares: a completions request with two prompts makes two `generate` calls, and the
+        second was never given a replica (its routing task chose again forever)."""
+        own = self._own_pending_request()
+        if own is None:
+            super()._fulfill_next_pending_request(replica, request_metadata)
+            return
+        self._record_queue_wait_time(own)
+        own.future.set_result(replica)
+        self._remove_pending_request_from_indices(own)
+
+    def _own_pending_request(self) -> PendingRequest | None:
+        task = asyncio.current_task()
+        futures = [f for f, t in self._routing_task_by_pending_request_future.items() if t is task]
+        return next(
+            (p for p in self._pending_requests_to_fulfill if p.future in futures and not p.future.done()),
+            None,
+        )
+
+
+class PowerOfTwoRouter(OwnRequestRouter):
+    """`request_router: power_of_two`: Ray Serve's default choice, plus output channels."""
+
+
+class PrefixAwareRouter(OwnRequestRouter):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.initialize_state()
@@ -102,15 +166,9 @@ class PrefixAwareRouter(LocalityMixin, RequestRouter):
         self._imbalanced_threshold = imbalanced_threshold
         self._min_match_fraction = min_match_fraction
 
-    async def choose_replicas(
-        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    async def rank(
+        self, candidates: list[RunningReplica], pending_request: PendingRequest | None
     ) -> list[list[RunningReplica]]:
-        # Also sets the request's `should_backoff`: without it a retry when every replica is full
-        # would spin without sleeping.
-        allowed = self.apply_locality_routing(pending_request)
-        candidates = [r for r in candidate_replicas if r.replica_id in allowed]
-        if not candidates:
-            return []
         request = prompt_of(pending_request)
         if request is not None:
             try:
@@ -119,7 +177,7 @@ class PrefixAwareRouter(LocalityMixin, RequestRouter):
                     return ranked
             except Exception:  # noqa: BLE001  (logged once; routing must never fail a request)
                 self._warn_once("prefix-aware routing failed; using power of two choices")
-        return [random.sample(candidates, min(2, len(candidates)))]
+        return await super().rank(candidates, pending_request)
 
     async def _rank_by_prefix(
         self, candidates: list[RunningReplica], request: GenerateRequest
@@ -168,27 +226,6 @@ class PrefixAwareRouter(LocalityMixin, RequestRouter):
         if queue_len is None or queue_len >= replica.max_ongoing_requests:
             return None
         return queue_len
-
-    def _fulfill_next_pending_request(self, replica: RunningReplica, request_metadata: Any = None) -> None:
-        """Gives the replica to the request this routing task chose it for. Ray Serve's own rule finds
-        that request by its internal request id, which every handle call made while serving one HTTP
-        request shares: a completions request with two prompts makes two `generate` calls, and the
-        second was never given a replica (its routing task chose again forever)."""
-        own = self._own_pending_request()
-        if own is None:
-            super()._fulfill_next_pending_request(replica, request_metadata)
-            return
-        self._record_queue_wait_time(own)
-        own.future.set_result(replica)
-        self._remove_pending_request_from_indices(own)
-
-    def _own_pending_request(self) -> PendingRequest | None:
-        task = asyncio.current_task()
-        futures = [f for f, t in self._routing_task_by_pending_request_future.items() if t is task]
-        return next(
-            (p for p in self._pending_requests_to_fulfill if p.future in futures and not p.future.done()),
-            None,
-        )
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
         """Called once a replica has accepted the request: the one chosen, or another if that was full.

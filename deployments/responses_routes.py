@@ -47,6 +47,7 @@ from api.responses_tools import ToolNames, tool_choice, tool_names
 from api.template_messages import ChatPrompt, Message
 from deployments import chat_generation
 from deployments.generation import Generation
+from deployments.inbox import Inbox
 from deployments.response_store import LocalStore, Store
 from deployments.served_model import ServedModel, WhenWarm
 from deployments.watched_handle import WatchedHandle
@@ -96,7 +97,7 @@ class ResponsesRoutes:
         ids, images = await self._prompt_inputs(served, chat_prompt(req, conversation))
         assert served.scheduler is not None
         generation, state = await _start(
-            served.scheduler, GenerateRequest(meta.id, ids, params, images), req.truncation
+            served.scheduler, served.inbox, GenerateRequest(meta.id, ids, params, images), req.truncation
         )
 
         async def remember(output: list[OutputItem]) -> None:
@@ -164,11 +165,11 @@ async def _token_texts(served: ServedModel, ids: set[int]) -> TokenText:
 
 
 async def _start(
-    scheduler: WatchedHandle, request: GenerateRequest, truncation: str | None
+    scheduler: WatchedHandle, inbox: Inbox | None, request: GenerateRequest, truncation: str | None
 ) -> tuple[Generation, ChoiceState]:
     """Starts generation; with truncation 'auto', a prompt over the context says that none was dropped."""
     try:
-        return await chat_generation.start(scheduler, request, PROMPT_PARAM)
+        return await chat_generation.start(scheduler, inbox, request, PROMPT_PARAM)
     except ApiError as exc:
         if truncation == "auto" and exc.code == "context_length_exceeded":
             exc.message += " (truncation 'auto' drops no input items on this server: shorten the input)"

@@ -18,7 +18,7 @@ from engine.messages import GenerateRequest, RequestOutput
 
 from ray import serve
 
-from deployments.messages import ModelInfo, ReplicaStats
+from deployments.messages import Admitted, ChannelRequest, ModelInfo, ReplicaStats
 from deployments.ray_metrics import RayMetricsExporter
 from deployments.step_loop import HEARTBEAT_S, StepLoop
 
@@ -44,9 +44,14 @@ class Scheduler:
         from engine.llm_engine import LLMEngine
 
         config = EngineConfig.model_validate(engine_config)
+        self._replica_id = serve.get_replica_context().replica_id.unique_id
         # Built on the thread that will step it (deployments/step_loop.py: MLX's GPU streams are per thread).
         self._loop = StepLoop.building(
-            lambda: LLMEngine(config), stream_interval_s, max_stream_batches_per_s, heartbeat_s
+            lambda: LLMEngine(config),
+            stream_interval_s,
+            max_stream_batches_per_s,
+            heartbeat_s,
+            self._replica_id,
         )
         self._engine: LLMEngine = self._loop.engine
         if expect_images and not self._engine.accepts_images:
@@ -54,7 +59,6 @@ class Scheduler:
                 f"{config.model} takes no images, but its models entry says kind: vision; "
                 "set kind: text, or serve a vision-language model (docs/vision.md)"
             )
-        self._replica_id = serve.get_replica_context().replica_id.unique_id
         model_name = config.served_model_name or self._engine.model_name
         self._ray_metrics = RayMetricsExporter(model_name, self._replica_id)
         self._export_task: asyncio.Task[None] | None = None
@@ -67,12 +71,23 @@ class Scheduler:
                 self._engine.compute.niceness,
             )
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[list[RequestOutput] | EngineError]:
+    async def generate(
+        self, request: GenerateRequest, channel_id: str | None = None
+    ) -> AsyncIterator[list[RequestOutput] | Admitted | EngineError]:
         """Call through a streaming handle: `list[RequestOutput]` batches (empty ones say "admitted"
         and "still waiting"; deployments/step_loop.py), or one `EngineError` if the engine rejected
-        the request. Cancelling the call aborts the request and frees its blocks."""
+        the request. With the `channel_id` of an output channel open on this replica, the outputs go
+        there instead. Cancelling the call aborts the request and frees its blocks."""
         self._ensure_exporting()
-        async with aclosing(self._loop.generate(request)) as items:  # closing this closes the inner one
+        async with aclosing(self._loop.generate(request, channel_id)) as items:  # closing closes the inner
+            async for item in items:
+                yield item
+
+    async def output_channel(self, request: ChannelRequest) -> AsyncIterator[str | list[RequestOutput]]:
+        """Call through a streaming handle, routed to `request.replica_id` (deployments/prefix_router.py):
+        this replica's id, then the outputs of the caller's requests that name the channel, gathered,
+        until the caller cancels the call (deployments/inbox.py)."""
+        async with aclosing(self._loop.channel(request.channel_id)) as items:
             async for item in items:
                 yield item
 
@@ -83,7 +98,7 @@ class Scheduler:
 
     async def stats(self) -> ReplicaStats:
         """This replica's engine stats; the Ingress broadcasts this to every replica and adds them up."""
-        return ReplicaStats(self._replica_id, await self._loop.stats())
+        return ReplicaStats(self._replica_id, await self._loop.stats(), self._loop.num_output_channels)
 
     def _ensure_exporting(self) -> None:
         # Started on the first request: the constructor may run outside the replica's event loop.

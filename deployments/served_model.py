@@ -17,6 +17,7 @@ from starlette.responses import Response
 from api.errors import model_not_found
 from api.openai_convert import DEFAULT_MODEL_ALIAS
 from deployments.deployment_health import DeploymentState, DeploymentWatch, deployment_down
+from deployments.inbox import Inbox
 from deployments.messages import ModelInfo
 from deployments.output_parsing import OutputParsers
 from deployments.watched_handle import WatchedHandle
@@ -46,12 +47,14 @@ class ModelSpec:
 
 
 class ServedModel:
-    def __init__(self, spec: ModelSpec, watch: DeploymentWatch):
+    def __init__(self, spec: ModelSpec, watch: DeploymentWatch, output_channels: bool = True):
         self.spec = spec
         self._watch = watch
         self.scheduler = WatchedHandle(spec.scheduler, watch) if spec.scheduler is not None else None
         self.tokenizer = WatchedHandle(spec.tokenizer, watch) if spec.tokenizer is not None else None
         self.embedder = WatchedHandle(spec.embedder, watch) if spec.embedder is not None else None
+        # The output channels to its Scheduler replicas: one Ray item per interval for all streams.
+        self.inbox = Inbox(self.scheduler) if self.scheduler is not None and output_channels else None
         self.parsers = OutputParsers(self.tokenizer, spec.tool_call_parser, spec.reasoning_parser)  # type: ignore[arg-type]
         self._info: ModelInfo | None = None
         self.max_input_tokens: int | None = None  # an embedding model's, once its Embedder answered

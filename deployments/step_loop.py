@@ -4,9 +4,11 @@ Owns the single stepping thread, its wake-up event and the queues; every schedul
 engine's. Needs no Ray, so it is tested with a fake engine; deployments/scheduler.py wraps it.
 
 The thread steps back to back while there is work and hands each step's outputs to the event loop,
-which routes them while the next step runs. (A loop that awaited each step in an executor left the
-cores idle 0.4-0.9 ms between steps, the time for the step's end to reach the event loop and the next
-step to reach the executor: 3-5% of a single stream's token; docs/benchmarks.md, tenth pass.)
+which routes them while the next step runs: to the request's own stream, or to the output channel of
+the Ingress that sent it (deployments/outbox.py), one Ray item per interval for all its streams. (A
+loop that awaited each step in an executor left the cores idle 0.4-0.9 ms between steps, the time
+for the step's end to reach the event loop and the next step to reach the executor: 3-5% of a single
+stream's token; docs/benchmarks.md, tenth pass.)
 """
 
 from __future__ import annotations
@@ -18,11 +20,15 @@ import threading
 import time
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import Future
+from contextlib import aclosing
 from queue import SimpleQueue
 from typing import Any, Protocol
 
 from engine.errors import EngineError
 from engine.messages import EngineStats, GenerateRequest, RequestOutput
+
+from deployments.messages import Admitted
+from deployments.outbox import Outbox
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +38,9 @@ MAX_STRETCHED_INTERVAL_S = 1.0  # the cap stretches no interval past this: a lon
 # learns that this replica still holds it and keeps the client's stream alive (api/sse.py).
 # deployments/app.py's stream_keepalive_s sets it.
 HEARTBEAT_S = 10.0
+# An output channel with no request bound to it ends after this long without outputs; the Ingress
+# opens another at the next request (its first output then comes on its own stream).
+CHANNEL_IDLE_S = 2.0
 
 
 class SteppableEngine(Protocol):
@@ -49,8 +58,10 @@ class StepLoop:
         stream_interval_s: float,
         max_stream_batches_per_s: float | None = None,
         heartbeat_s: float = HEARTBEAT_S,
+        name: str = "",
     ):
         self._engine = engine
+        self.name = name  # the replica's id: output channels and admissions name it
         self._stream_interval_s = stream_interval_s
         self._max_stream_batches_per_s = max_stream_batches_per_s
         self._heartbeat_s = heartbeat_s
@@ -64,6 +75,9 @@ class StepLoop:
         self._stopping = False
         self._queues: dict[str, asyncio.Queue[RequestOutput]] = {}
         self._num_samples: dict[str, int] = {}  # request id -> its n
+        self._outboxes: dict[str, Outbox] = {}  # open output channels by channel id
+        self._bound: dict[str, Outbox] = {}  # request id -> the outbox its outputs go to
+        self._fresh: set[str] = set()  # bound requests with no output yet: their first one is urgent
 
     @classmethod
     def building(cls, build: Callable[[], Any], *args: Any, **kwargs: Any) -> StepLoop:
@@ -89,44 +103,89 @@ class StepLoop:
         return self._engine
 
     async def generate(
-        self, request: GenerateRequest
-    ) -> AsyncGenerator[list[RequestOutput] | EngineError, None]:
+        self, request: GenerateRequest, channel_id: str | None = None
+    ) -> AsyncGenerator[list[RequestOutput] | Admitted | EngineError, None]:
         """Yields the request's outputs in batches until each of its `n` samples has a finished one.
 
         If add_request rejects the request, the one item is the `EngineError` (a value, not a raise:
         the caller maps it to a 4xx/5xx, and the replica logs no traceback for a bad request).
-        Otherwise the first item is an empty batch, at once: the request is admitted. Another empty
-        batch follows every `heartbeat_s` in which the request got no output (it waits for a slot).
-        Closing or cancelling the generator before the final output aborts the request in the engine.
+        Otherwise the first item says the request is admitted, at once: an empty batch, or, when the
+        caller named an output channel, `Admitted`; if that channel is open here, the outputs go to it
+        and this stream carries only heartbeats. Another empty batch follows every `heartbeat_s` in
+        which the request got no output (it waits for a slot). Closing or cancelling the generator
+        before the final output aborts the request in the engine.
         """
         request_id = request.request_id
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._queues[request_id] = queue
         self._num_samples[request_id] = request.n
+        outbox = self._outboxes.get(channel_id) if channel_id is not None else None
         try:
             self._engine.add_request(request)
         except EngineError as exc:
             del self._queues[request_id], self._num_samples[request_id]
             yield exc
             return
+        if outbox is not None:
+            self._bound[request_id] = outbox
+            self._fresh.add(request_id)
         self._event_loop = asyncio.get_running_loop()
         self._ensure_running()
         self._work.set()
-        open_indices, last_yield_s = set(range(request.n)), 0.0  # samples with no finished output yet
+        open_indices = set(range(request.n))  # samples with no finished output yet
         try:
-            yield []  # admitted: the caller may start its response
-            while open_indices:
-                batch = await self._next_batch(queue, last_yield_s)
-                if batch:  # a heartbeat does not push back the next batch's interval
-                    open_indices -= {out.index for out in batch if out.finished}
-                    last_yield_s = time.monotonic()
-                yield batch
+            yield [] if channel_id is None else Admitted(self.name, outbox is not None)
+            if outbox is None:
+                last_yield_s = 0.0
+                while open_indices:
+                    batch = await self._next_batch(queue, last_yield_s)
+                    if batch:  # a heartbeat does not push back the next batch's interval
+                        open_indices -= {out.index for out in batch if out.finished}
+                        last_yield_s = time.monotonic()
+                    yield batch
+            while open_indices:  # on the channel: the outputs went there; heartbeats come here
+                first = await _get_within(queue, self._heartbeat_s)
+                if first is None:
+                    yield []
+                else:
+                    open_indices -= {out.index for out in [first, *_drain(queue)] if out.finished}
         finally:
             self._queues.pop(request_id, None)
             self._num_samples.pop(request_id, None)
+            self._bound.pop(request_id, None)
+            self._fresh.discard(request_id)
             if open_indices:  # the caller went away (client disconnect) or cancelled the stream
                 self._engine.abort_request(request_id)
                 self._work.set()
+
+    async def channel(
+        self, channel_id: str, idle_s: float = CHANNEL_IDLE_S
+    ) -> AsyncGenerator[str | list[RequestOutput], None]:
+        """An output channel: first this replica's name, then the outputs of every request that names
+        `channel_id`, gathered (deployments/outbox.py), until the caller closes it or it has carried
+        nothing for `idle_s` and no request is bound to it. (An open channel is an ongoing request to
+        Ray Serve: left open, an idle replica would never scale to zero, and would hold its shutdown
+        for graceful_shutdown_timeout_s.)"""
+        outbox = Outbox(self.stream_interval_s)
+        self._outboxes[channel_id] = outbox
+
+        def close_if_idle() -> bool:  # no await between the check and the removal: none binds meanwhile
+            if outbox in self._bound.values():
+                return False
+            self._forget_outbox(channel_id, outbox)
+            return True
+
+        try:
+            yield self.name
+            async with aclosing(outbox.batches(idle_s, close_if_idle)) as batches:
+                async for batch in batches:
+                    yield batch
+        finally:
+            self._forget_outbox(channel_id, outbox)
+
+    def _forget_outbox(self, channel_id: str, outbox: Outbox) -> None:
+        if self._outboxes.get(channel_id) is outbox:
+            del self._outboxes[channel_id]
 
     async def _next_batch(
         self, queue: asyncio.Queue[RequestOutput], last_yield_s: float
@@ -153,10 +212,12 @@ class StepLoop:
     def stream_interval_s(self) -> float:
         """The configured interval, stretched so that all open streams together send at most
         max_stream_batches_per_s batches, but never past MAX_STRETCHED_INTERVAL_S: each batch costs
-        the replica and the Ingress about a millisecond of CPU, taken from the step."""
+        the replica and the Ingress about a millisecond of CPU, taken from the step. An output
+        channel counts as one stream, however many requests it carries."""
         if self._max_stream_batches_per_s is None:
             return self._stream_interval_s
-        shared_s = min(len(self._queues) / self._max_stream_batches_per_s, MAX_STRETCHED_INTERVAL_S)
+        num_senders = len(self._queues) - len(self._bound) + len(self._outboxes)
+        shared_s = min(num_senders / self._max_stream_batches_per_s, MAX_STRETCHED_INTERVAL_S)
         return max(self._stream_interval_s, shared_s)
 
     async def stats(self) -> EngineStats:
@@ -167,6 +228,10 @@ class StepLoop:
         """Runs `fn` on the stepping thread, between two steps, and waits for it: for shutdown work
         that must not race a step (the engine's MLX arrays are the step thread's)."""
         self._call(fn).result(timeout_s)
+
+    @property
+    def num_output_channels(self) -> int:
+        return len(self._outboxes)
 
     @property
     def stopped(self) -> bool:
@@ -242,14 +307,23 @@ class StepLoop:
 
     def _route(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
-            queue = self._queues.get(out.request_id)
-            if queue is not None:  # None: the caller left; its abort output has no reader
-                queue.put_nowait(out)
+            self._deliver(out)
+
+    def _deliver(self, out: RequestOutput) -> None:
+        request_id = out.request_id
+        queue = self._queues.get(request_id)
+        if queue is None:  # the caller left; its abort output has no reader
+            return
+        queue.put_nowait(out)
+        outbox = self._bound.get(request_id)
+        if outbox is not None:
+            outbox.put(out, urgent=request_id in self._fresh)
+            self._fresh.discard(request_id)
 
     def _fail_all(self, message: str) -> None:
-        for request_id, queue in list(self._queues.items()):
+        for request_id in list(self._queues):
             for index in range(self._num_samples.get(request_id, 1)):
-                queue.put_nowait(
+                self._deliver(
                     RequestOutput(request_id, [], "", finish_reason="error", error=message, index=index)
                 )
             self._engine.abort_request(request_id)
@@ -264,6 +338,13 @@ def _release_mlx_thread_state() -> None:
     mx = sys.modules.get("mlx.core")  # None: MLX never loaded, so this thread holds none of its state
     if mx is not None:
         mx.clear_streams()
+
+
+def _drain(queue: asyncio.Queue[RequestOutput]) -> list[RequestOutput]:
+    items = []
+    while not queue.empty():
+        items.append(queue.get_nowait())
+    return items
 
 
 async def _get_within(queue: asyncio.Queue[RequestOutput], timeout_s: float) -> RequestOutput | None:

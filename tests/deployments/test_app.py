@@ -47,8 +47,22 @@ def test_a_waiting_bound_that_ray_serve_would_hide_is_refused():
         ValidationError, match="must exceed engine.max_num_seqs . engine.max_waiting_requests"
     ):
         AppConfig.model_validate(args)
-    args["scheduler"]["max_ongoing_requests"] = 129
+    args["scheduler"]["max_ongoing_requests"] = 130  # 128 + the Ingress replica's output channel
     assert AppConfig.model_validate(args).engine.max_waiting_requests == 64
+
+
+def test_the_ingress_output_channels_count_against_the_scheduler_slots():
+    """Each Ingress replica's output channel holds a slot of every Scheduler replica for good."""
+    args: dict = {
+        "engine": {"max_num_seqs": 8, "max_waiting_requests": 4},
+        "scheduler": {"max_ongoing_requests": 14},
+        "ingress": {"autoscaling_config": {"min_replicas": 1, "max_replicas": 2}},
+    }
+    with pytest.raises(ValidationError, match="14 less 2 for the Ingress replicas' output channels"):
+        AppConfig.model_validate(args)
+    assert AppConfig.model_validate(args | {"output_channels": False}).output_channels is False
+    args["scheduler"]["max_ongoing_requests"] = 15
+    assert AppConfig.model_validate(args).output_channels is True
 
 
 def test_the_stream_batch_rate_is_positive_or_off():

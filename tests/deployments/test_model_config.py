@@ -11,7 +11,7 @@ import yaml
 from pydantic import ValidationError
 
 from deployments.app import AppConfig, build_app
-from deployments.options import PREFIX_ROUTER, SchedulerOptions
+from deployments.options import POWER_OF_TWO_ROUTER, PREFIX_ROUTER, SchedulerOptions
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "multi-model.yaml"
@@ -72,7 +72,8 @@ def test_deployment_options_pass_autoscaling_gpus_and_custom_resources_to_ray_se
     assert options["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 3}
     assert options["ray_actor_options"]["num_gpus"] == 1
     assert options["ray_actor_options"]["resources"] == {"node_b": 0.5}
-    assert "request_router_config" not in options
+    # Ray's power of two choices, in a router that also sends output channels to their replica
+    assert options["request_router_config"] == {"request_router_class": POWER_OF_TWO_ROUTER}
     with pytest.raises(ValidationError, match="num_replicas or autoscaling_config"):
         SchedulerOptions.model_validate({"num_replicas": 2, "autoscaling_config": {"max_replicas": 2}})
     with pytest.raises(ValidationError, match="min_replicas"):

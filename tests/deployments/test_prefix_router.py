@@ -9,11 +9,13 @@ from typing import Any
 from engine.messages import GenerateRequest, ImageInputs
 
 import numpy as np
+import pytest
 from ray.serve._private.common import DeploymentHandleSource, DeploymentID, RequestMetadata
 from ray.serve.request_router import PendingRequest, ReplicaID
 
+from deployments.messages import ChannelRequest
 from deployments.prefix_index import PrefixIndex
-from deployments.prefix_router import PrefixAwareRouter, choose, prompt_of
+from deployments.prefix_router import OwnRequestRouter, PowerOfTwoRouter, PrefixAwareRouter, choose, prompt_of
 
 B = 16
 SYSTEM_A = list(range(1000, 1000 + 4 * B))  # four full blocks
@@ -80,9 +82,9 @@ def ids(ranked: list[list[FakeReplica]]) -> list[list[str]]:
     return [[r.replica_id.unique_id for r in rank] for rank in ranked]
 
 
-def run_router(scenario, **kwargs: Any) -> Any:
+def run_router(scenario, router_class: type[OwnRequestRouter] = PrefixAwareRouter, **kwargs: Any) -> Any:
     async def main() -> Any:
-        router = PrefixAwareRouter(  # keywords, as Ray Serve passes them: the mixins take positionals
+        router = router_class(  # keywords, as Ray Serve passes them: the mixins take positionals
             deployment_id=DEPLOYMENT,
             handle_source=DeploymentHandleSource.UNKNOWN,
             use_replica_queue_len_cache=False,
@@ -174,3 +176,17 @@ def test_two_calls_of_one_http_request_are_both_given_a_replica():
 
     chosen = run_router(scenario)
     assert sorted(chosen) == ["r1", "r2"]  # two new prefixes: one on each replica
+
+
+@pytest.mark.parametrize("router_class", [PrefixAwareRouter, PowerOfTwoRouter])
+def test_an_output_channel_goes_to_the_replica_it_names_and_nowhere_else(router_class):
+    async def scenario(router: OwnRequestRouter, replicas: list[FakeReplica]) -> Any:
+        channel = pending("output_channel", ChannelRequest("c", "r2"))
+        named = [await router.choose_replicas(replicas, channel) for _ in range(10)]
+        routed = await router._choose_replica_for_request(channel)  # through Ray's own loop
+        gone = await router.choose_replicas(replicas[:1], channel)
+        return [ids(ranked) for ranked in named], routed.replica_id.unique_id, gone
+
+    named, routed, gone = run_router(scenario, router_class)
+    assert named == [[["r2"]]] * 10 and routed == "r2"
+    assert gone == []  # away: no other replica stands in (the Ingress gives up after its timeout)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import threading
@@ -14,6 +15,8 @@ from engine.messages import EngineStats, GenerateRequest, RequestOutput, Samplin
 
 import pytest
 
+from deployments.messages import Admitted
+from deployments.outbox import Outbox
 from deployments.step_loop import MAX_STRETCHED_INTERVAL_S, StepLoop
 
 
@@ -142,6 +145,15 @@ def test_the_batch_rate_stretches_the_interval_only_past_it():
     assert loop.stream_interval_s() == pytest.approx(0.2)
     loop._queues |= {f"s{i}": asyncio.Queue() for i in range(500)}
     assert loop.stream_interval_s() == MAX_STRETCHED_INTERVAL_S  # not 5.2 s
+
+
+def test_an_output_channel_counts_as_one_stream_for_the_batch_rate():
+    loop = StepLoop(FakeEngine(), 0.05, 100.0)
+    outbox = Outbox(loop.stream_interval_s)
+    loop._outboxes["c"] = outbox
+    loop._queues |= {f"r{i}": asyncio.Queue() for i in range(20)}
+    loop._bound |= {f"r{i}": outbox for i in range(20)}  # all 20 on the channel: 1 sender, not 20
+    assert loop.stream_interval_s() == 0.05
 
 
 def test_concurrent_requests_get_only_their_own_outputs():
@@ -377,3 +389,125 @@ def test_closing_after_the_first_sample_finished_aborts_the_others():
 
     run(main())
     assert engine.aborted == ["a#1", "a#2"] and not engine.has_unfinished_requests()
+
+
+# Output channels: one Ingress's requests share one stream of gathered outputs.
+
+
+async def _with_channel(loop: StepLoop, requests: list[GenerateRequest]) -> tuple[list, list[list]]:
+    """Opens channel "c", runs the requests naming it; (the channel's items, each request's items)."""
+    channel = loop.channel("c")
+    received = [await anext(channel)]  # the hello, before any request names the channel
+    reader = asyncio.ensure_future(_read_into(channel, received))
+    streams = await asyncio.gather(*(_collect_items(loop.generate(r, "c")) for r in requests))
+    await asyncio.sleep(0.05)  # the last finished outputs go out at once
+    reader.cancel()
+    return received, streams
+
+
+async def _read_into(channel, received: list) -> None:
+    async for item in channel:
+        received.append(item)
+
+
+async def _collect_items(stream) -> list:
+    return [item async for item in stream]
+
+
+def test_requests_naming_an_open_channel_send_their_outputs_on_it_gathered():
+    loop = StepLoop(FakeEngine(step_s=0.01), 0.1, name="replica-1")
+    received, streams = run(_with_channel(loop, [request(f"r{i}", 10) for i in range(4)]))
+    assert received[0] == "replica-1"
+    for i, items in enumerate(streams):  # admitted on the channel; the stream carries no output
+        assert items == [Admitted("replica-1", on_channel=True)]
+        outputs = [out for batch in received[1:] for out in batch if out.request_id == f"r{i}"]
+        assert [out.new_token_ids[0] for out in outputs] == list(range(10, 0, -1))
+        assert outputs[-1].finished
+    # 4 streams of 10 tokens over ~0.1 s of steps: a few gathered batches, not one per stream and step
+    assert len(received) - 1 <= 10
+
+
+def test_a_request_naming_a_channel_not_open_here_streams_its_own_outputs():
+    loop = StepLoop(FakeEngine(), 0.0, name="replica-1")
+    items = run(_collect_items(loop.generate(request("a", 3), "elsewhere")))
+    assert items[0] == Admitted("replica-1", on_channel=False)
+    assert [out.new_token_ids[0] for batch in items[1:] for out in batch] == [3, 2, 1]
+
+
+def test_a_channel_bound_request_that_waits_gets_heartbeats_on_its_stream():
+    loop = StepLoop(FakeEngine(step_s=0.35), 0.0, heartbeat_s=0.1, name="r")
+    received, streams = run(_with_channel(loop, [request("a", 2)]))
+    assert streams[0][0] == Admitted("r", on_channel=True)
+    assert len(streams[0]) >= 3 and all(item == [] for item in streams[0][1:])  # heartbeats only
+    assert [out.new_token_ids[0] for batch in received[1:] for out in batch] == [2, 1]
+
+
+def test_a_failing_step_fails_channel_bound_requests_on_the_channel():
+    loop = StepLoop(FakeEngine(fail_steps=1), 0.0, name="r")
+    received, streams = run(_with_channel(loop, [request("a", 5)]))
+    errors = [out for batch in received[1:] for out in batch]
+    assert [(out.finish_reason, out.request_id) for out in errors] == [("error", "a")]
+    assert streams == [[Admitted("r", on_channel=True)]]
+
+
+def test_cancelling_a_channel_bound_stream_aborts_its_request():
+    async def main() -> FakeEngine:
+        engine = FakeEngine(step_s=0.01)
+        loop = StepLoop(engine, 0.0, name="r")
+        channel = loop.channel("c")
+        await anext(channel)
+        stream = loop.generate(request("a", 1000), "c")
+        assert await anext(stream) == Admitted("r", on_channel=True)
+        task = asyncio.ensure_future(anext(stream))
+        await asyncio.sleep(0.05)
+        task.cancel()  # as Ray cancels the call when the Ingress does
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.05)
+        await channel.aclose()
+        return engine
+
+    engine = run(main())
+    assert engine.aborted == ["a"] and not engine.remaining
+
+
+def test_a_closed_channel_is_forgotten_and_later_requests_stream_their_own_outputs():
+    async def main() -> list:
+        loop = StepLoop(FakeEngine(), 0.0, name="r")
+        channel = loop.channel("c")
+        await anext(channel)
+        await channel.aclose()
+        return await _collect_items(loop.generate(request("a", 2), "c"))
+
+    items = run(main())
+    assert items[0] == Admitted("r", on_channel=False) and len(items) >= 2
+
+
+def test_an_idle_channel_ends_but_not_while_a_request_is_bound_to_it():
+    async def main() -> tuple[list, list, float]:
+        loop = StepLoop(FakeEngine(step_s=0.3), 0.0, heartbeat_s=0.1, name="r")
+        channel = loop.channel("c", idle_s=0.1)
+        received = [await anext(channel)]
+        start_s = time.monotonic()
+        reader = asyncio.ensure_future(_read_into(channel, received))
+        # bound for ~0.6 s (two slow steps), longer than idle_s: the channel stays open for it
+        items = await _collect_items(loop.generate(request("a", 2), "c"))
+        await asyncio.wait_for(reader, 2.0)  # then it ends by itself
+        return received, items, time.monotonic() - start_s
+
+    received, items, elapsed_s = run(main())
+    assert items[0] == Admitted("r", on_channel=True)
+    assert [out.new_token_ids[0] for batch in received[1:] for out in batch] == [2, 1]
+    assert elapsed_s >= 0.55
+
+
+def test_a_request_after_its_channel_idled_out_streams_its_own_outputs():
+    async def main() -> list:
+        loop = StepLoop(FakeEngine(), 0.0, name="r")
+        channel = loop.channel("c", idle_s=0.05)
+        await anext(channel)
+        assert [item async for item in channel] == []  # ended: idle, nothing bound
+        return await _collect_items(loop.generate(request("a", 2), "c"))
+
+    items = run(main())
+    assert items[0] == Admitted("r", on_channel=False) and len(items) >= 2

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -114,6 +116,37 @@ def test_status_reports_engine_state_and_one_row_per_live_request(http):
     (row,) = [r for r in total["live_requests"] if r["phase"] == "decode"]
     assert row["num_prompt_tokens"] > 0 and row["num_output_tokens"] >= 2
     assert row["ttft_s"] > 0 and row["tokens_per_s"] > 0 and row["num_cached_tokens"] >= 0
+
+
+def test_concurrent_streams_travel_gathered_on_one_output_channel_per_replica(http):
+    """After the first request a replica takes, this Ingress's streams get their outputs over one
+    output channel per Scheduler replica (deployments/inbox.py): each stream still gets exactly its
+    own tokens, the ones the same prompt gets unstreamed."""
+    prompts = [f"Write one sentence about the number {i}." for i in range(8)]
+
+    def completion(prompt: str, stream: bool) -> str:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 24}
+        body |= {"temperature": 0, "ignore_eos": True, "stream": stream}
+        if not stream:
+            response = http.post("/v1/chat/completions", json=body)
+            assert response.status_code == 200, response.text
+            return response.json()["choices"][0]["message"]["content"]
+        with (
+            httpx.Client(base_url=str(http.base_url), timeout=120) as own,  # one connection per stream
+            own.stream("POST", "/v1/chat/completions", json=body) as response,
+        ):
+            assert response.status_code == 200
+            chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+        return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+
+    for _ in range(2):  # a first request on each replica opens this Ingress's channel there
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            streamed = list(pool.map(lambda p: completion(p, stream=True), prompts))
+    assert streamed == [completion(p, stream=False) for p in prompts]
+    replicas = http.get("/v1/status").json()["replicas"]
+    # One Ingress replica: one channel on each Scheduler replica that has taken a request from it.
+    assert [r["output_channels"] for r in replicas] == [int(r["prompt_tokens_total"] > 0) for r in replicas]
+    assert sum(r["output_channels"] for r in replicas) >= 1
 
 
 def test_status_shows_every_replica_on_the_fast_cpu_paths(http):
