@@ -40,6 +40,37 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_seconds(root_pid: int) -> dict[str, float]:
+    """CPU seconds used so far by `root_pid` and every process below it, added up by what each is: a
+    replica by its deployment (`Scheduler`, `Ingress`, ...), anything else by its program name
+    (`raylet`, `haproxy`, ...). Children that already exited are counted only by the kernel's
+    cumulative child times of their parent, which this leaves out."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        fields = _read(stat).rsplit(")", 1)[-1].split()
+        if len(fields) > 1:
+            parents[int(stat.parent.name)] = int(fields[1])
+    totals: dict[str, float] = {}
+    for pid in parents:
+        ancestor = pid
+        while ancestor not in (root_pid, 0, 1) and ancestor in parents:
+            ancestor = parents[ancestor]
+        seconds = cpu_seconds(pid) if ancestor == root_pid else None
+        if seconds is not None:
+            label = process_label(pid)
+            totals[label] = totals.get(label, 0.0) + seconds
+    return totals
+
+
+def process_label(pid: int) -> str:
+    title = _read(Path(f"/proc/{pid}/cmdline")).replace("\0", " ").strip()
+    if title.startswith("ray::ServeReplica:"):
+        return title.split(":")[-1].split(".")[0].split()[0]  # the deployment, without the method
+    if title.startswith("ray::"):
+        return title.split()[0][5:]
+    return Path(title.split()[0]).name if title else _read(Path(f"/proc/{pid}/comm")).strip()
+
+
 def _read(path: Path) -> str:
     try:
         return path.read_text(errors="replace")

@@ -10,8 +10,9 @@ all on the same prompts.
 Servers run one at a time (2-core machine): install or build (first run only), start, wait for
 /v1/models, check BLAS, warm up with one request, run every concurrency level, stop; with
 `--orders 2` the list runs again in reverse order. Prints a markdown table (TTFT p50/p90, time per
-output token, chunk gaps p50/p90, aggregate output tok/s, completion tokens per request, errors),
-a comparison table with one row per server ("run 1 / run 2"), and writes everything to JSON.
+output token, chunk gaps p50/p90, aggregate output tok/s, completion tokens per request, the CPU time
+per output token of the server's whole process tree and its largest processes, errors), a
+comparison table with one row per server ("run 1 / run 2"), and writes everything to JSON.
 Only 127.0.0.1 is ever contacted.
 """
 
@@ -35,7 +36,7 @@ import uuid
 
 import yaml
 
-from bench import serve_install, serve_llama, serve_load, serve_peers, serve_proc, serve_report
+from bench import replica_procs, serve_install, serve_llama, serve_load, serve_peers, serve_proc, serve_report
 
 SETUP_CODE = """
 import engine, json, sys
@@ -204,10 +205,10 @@ def start_server(
 
 
 def ours_config_file(peer: serve_peers.Peer, args, cache: Path) -> Path:
-    """--config as is, or (a variant with its own model or engine fields) a copy whose every app serves
-    `peer.model` with `peer.engine`'s fields."""
+    """--config as is, or (a variant with its own model, engine fields or app args) a copy whose every
+    app serves `peer.model` with `peer.engine`'s fields and `peer.app_args`."""
     config = (REPO / args.config).resolve()
-    if peer.model is None and not peer.engine:
+    if peer.model is None and not peer.engine and not peer.app_args:
         return config
     data = ours_config(config)
     for app in data.get("applications", []):
@@ -218,6 +219,7 @@ def ours_config_file(peer: serve_peers.Peer, args, cache: Path) -> Path:
                 f"fields in; {peer.name} needs a single-model config"
             )
         engine.update({"model": peer.model} if peer.model else {}, **dict(peer.engine))
+        app["args"].update(dict(peer.app_args))
     out = cache / "bench-configs" / f"{peer.name}.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -308,14 +310,30 @@ def run_levels(server, peer, model_ids: list[str], env_info: dict, args, result:
     for concurrency, count in levels(args):
         level_bodies = bodies(model, extra, first, count, words, args.max_tokens, nonce)
         first += count
+        cpu_before = replica_procs.tree_cpu_seconds(server.proc.pid)
         level = asyncio.run(
             serve_load.run_level(server.base_url, level_bodies, concurrency, args.request_timeout_s)
         )
         summary = level.summary()
+        summary["cpu_ms_per_token"] = cpu_per_token(cpu_before, server.proc.pid, level)
         summary["requests"] = serve_load.result_dicts(level)
         result["levels"].append(summary)
+        cpu = summary["cpu_ms_per_token"]
         log(f"[{peer.name}] conc {concurrency}: {summary['aggregate_tok_s'] or 0:.1f} tok/s, "
-            f"TTFT p50 {summary['ttft_p50_ms'] or 0:.0f} ms, errors {summary['num_errors']}")  # fmt: skip
+            f"TTFT p50 {summary['ttft_p50_ms'] or 0:.0f} ms, errors {summary['num_errors']}, "
+            f"CPU {cpu.get('total', 0):.2f} ms/token ({serve_report.cpu_split(cpu)})")  # fmt: skip
+
+
+def cpu_per_token(before: dict[str, float], root_pid: int, level: serve_load.LevelResult) -> dict[str, float]:
+    """CPU ms per output token of the level, by process kind (bench/replica_procs.py) and in all:
+    the server's whole process tree (for ours: Ray, every replica, HAProxy)."""
+    tokens = sum(r.completion_tokens for r in level.requests if r.ok)
+    after = replica_procs.tree_cpu_seconds(root_pid)
+    used = {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0) > 0}
+    if not tokens:
+        return {}
+    per_token = {k: round(v * 1000 / tokens, 3) for k, v in sorted(used.items(), key=lambda kv: -kv[1])}
+    return per_token | {"total": round(sum(used.values()) * 1000 / tokens, 3)}
 
 
 def run_servers(names: list[str], install_failed: dict[str, str], env_info: dict, args) -> list[dict]:

@@ -60,6 +60,8 @@ class Peer:
     engine: tuple[tuple[str, object], ...] = ()
     # ours: environment of `serve run` set on top of bench/serve.py's (e.g. Ray's worker niceness)
     env: tuple[tuple[str, str], ...] = ()
+    # ours: app args (deployments/app.py's AppConfig) set on top of the config's
+    app_args: tuple[tuple[str, object], ...] = ()
 
     def venv(self, cache: Path) -> Path:
         return cache / "bench-venvs" / (self.venv_name or self.name)
@@ -139,6 +141,10 @@ PEERS: dict[str, Peer] = {
         OURS_VERSIONS,
         "ignore_eos",
         env=(("RAY_SERVE_ENABLE_HA_PROXY", "0"),),
+    ),
+    # every stream carries its own outputs from the Scheduler: no output channels (deployments/inbox.py)
+    "ours-no-channels": Peer(
+        "ours-no-channels", "ours", [], OURS_VERSIONS, "ignore_eos", app_args=(("output_channels", False),)
     ),
     "mlx-lm": Peer(
         "mlx-lm", "mlx-lm", [MLX_LM, "mlx[cpu]"], ["mlx-lm", "mlx"], "logit_bias", use_model_path=True

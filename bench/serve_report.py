@@ -17,8 +17,11 @@ COLUMNS = [
     ("aggregate_tok_s", "tok/s"),
     ("completion_tokens_mean", "tokens/req"),
     ("prompt_tokens_mean", "prompt tok"),
+    ("cpu_ms_per_token_total", "CPU ms/token"),
+    ("cpu_split", "CPU by process, ms/token"),
     ("errors", "errors"),
 ]
+CPU_SPLIT_TOP = 4  # process kinds named in the split; the rest are "other"
 
 
 def markdown_table(servers: list[dict]) -> str:
@@ -34,13 +37,25 @@ def markdown_table(servers: list[dict]) -> str:
             lines.append("| " + " | ".join(cells) + " |")
             continue
         for level in server["levels"]:
+            cpu = level.get("cpu_ms_per_token") or {}
             row = {
                 **level,
+                "cpu_ms_per_token_total": cpu.get("total"),
+                "cpu_split": cpu_split(cpu) or None,
                 "server": _label(server),
                 "errors": f"{level['num_errors']}/{level['num_requests']}",
             }
             lines.append("| " + " | ".join(_fmt(row.get(key)) for key, _ in COLUMNS) + " |")
     return "\n".join(lines)
+
+
+def cpu_split(cpu_ms_per_token: dict[str, float]) -> str:
+    """The largest process kinds' CPU ms per token, e.g. "Scheduler 9.1, Ingress 2.3, other 0.4"."""
+    parts = [(k, v) for k, v in cpu_ms_per_token.items() if k != "total"]
+    top = parts[:CPU_SPLIT_TOP]
+    rest = sum(v for _, v in parts[CPU_SPLIT_TOP:])
+    named = [f"{k} {v:.2f}" for k, v in top] + ([f"other {rest:.2f}"] if rest else [])
+    return ", ".join(named)
 
 
 def _label(server: dict) -> str:
@@ -58,9 +73,10 @@ def comparison_table(servers: list[dict]) -> str:
         return ""
     top = concs[-1]
     heads = [f"c={c} tok/s" for c in concs] + [f"{h} @{top}" for h in
-             ("TTFT p50 ms", "ITL ms", "gap p50 ms", "gap p90 ms", "tokens/req")]  # fmt: skip
+             ("TTFT p50 ms", "ITL ms", "gap p50 ms", "gap p90 ms", "tokens/req", "CPU ms/token")]  # fmt: skip
     keys = [(c, "aggregate_tok_s") for c in concs] + [(top, k) for k in
-            ("ttft_p50_ms", "itl_mean_ms", "chunk_gap_p50_ms", "chunk_gap_p90_ms", "completion_tokens_mean")]  # fmt: skip
+            ("ttft_p50_ms", "itl_mean_ms", "chunk_gap_p50_ms", "chunk_gap_p90_ms", "completion_tokens_mean",
+             "cpu_ms_per_token_total")]  # fmt: skip
     lines = ["| server | " + " | ".join(heads) + " |", "|" + "---|" * (len(heads) + 1)]
     for name, runs in by_name.items():
         cells = [" / ".join(_level_value(run, conc, key) for run in runs) for conc, key in keys]
@@ -74,7 +90,11 @@ def _level_value(server: dict, concurrency: int, key: str) -> str:
     level = next((lv for lv in server.get("levels", []) if lv["concurrency"] == concurrency), None)
     if level is None:
         return "-"
-    value = level.get(key)
+    value = (
+        level.get(key)
+        if key != "cpu_ms_per_token_total"
+        else (level.get("cpu_ms_per_token") or {}).get("total")
+    )
     if level["num_errors"]:
         return f"{_fmt(value)} ({level['num_errors']} err)"
     return _fmt(value)
