@@ -96,25 +96,34 @@ async def _admitted_off_channel(scheduler: FakeScheduler, inbox: Inbox, stream: 
     stream.put(None)
     generation = Generation(scheduler, [_request("a")], "messages", inbox)  # type: ignore[arg-type]
     await generation.start()
-    return [item async for item in generation.batches()]
+    batches = [item async for item in generation.batches()]
+    assert _tokens(batches) == [2, 1]
+    return batches
+
+
+async def _on_channel() -> tuple[Generation, FakeScheduler, Inbox, list[QueueStream], QueueStream]:
+    """Request "a" opens the channel to replica r1 (it streams its own outputs); request "b" is then
+    admitted on that channel and started. Feed "b"'s outputs through the returned channel."""
+    scheduler, inbox, streams, channel = _setup(2)
+    await _admitted_off_channel(scheduler, inbox, streams[0])
+    channel.put("r1")  # the channel's hello: it reached the replica it named
+    await asyncio.sleep(0.01)
+    streams[1].put(Admitted("r1", on_channel=True))  # the stream ends only after the outputs
+    generation = Generation(scheduler, [_request("b")], "messages", inbox)  # type: ignore[arg-type]
+    await generation.start()
+    return generation, scheduler, inbox, streams, channel
 
 
 def test_the_first_request_streams_its_own_outputs_and_opens_a_channel_for_the_next():
     async def main() -> tuple:
-        scheduler, inbox, streams, channel = _setup(2)
-        first = await _admitted_off_channel(scheduler, inbox, streams[0])
-        channel.put("r1")  # the channel's hello: it reached the replica it named
-        await asyncio.sleep(0.01)
-        streams[1].put(Admitted("r1", on_channel=True))  # the stream ends only after the outputs
-        generation = Generation(scheduler, [_request("b")], "messages", inbox)  # type: ignore[arg-type]
-        await generation.start()
+        generation, scheduler, inbox, streams, channel = await _on_channel()
         channel.put([_out("b", 2), _out("other", 7)])
         channel.put([_out("b", 1, finished=True)])
         second = [item async for item in generation.batches()]
-        return first, second, scheduler, inbox, streams
+        return second, scheduler, inbox, streams
 
-    first, second, scheduler, inbox, streams = run(main())
-    assert _tokens(first) == [2, 1] and _tokens(second) == [2, 1]
+    second, scheduler, inbox, streams = run(main())
+    assert _tokens(second) == [2, 1]  # "a"'s, on its own stream, are checked where it runs
     assert scheduler.calls_channel == [(ChannelRequest(inbox.channel_id, "r1"),)]
     assert [call[1] for call in scheduler.calls_generate] == [inbox.channel_id] * 2
     assert not streams[1].cancelled  # finished: its stream ends by itself, nothing to abort
@@ -122,13 +131,7 @@ def test_the_first_request_streams_its_own_outputs_and_opens_a_channel_for_the_n
 
 def test_a_channel_bound_request_gets_heartbeats_from_its_stream():
     async def main() -> tuple:
-        scheduler, inbox, streams, channel = _setup(2)
-        await _admitted_off_channel(scheduler, inbox, streams[0])
-        channel.put("r1")
-        await asyncio.sleep(0.01)
-        streams[1].put(Admitted("r1", on_channel=True))
-        generation = Generation(scheduler, [_request("b")], "messages", inbox)  # type: ignore[arg-type]
-        await generation.start()
+        generation, _scheduler, _inbox, streams, channel = await _on_channel()
         beat = asyncio.ensure_future(generation.heartbeat())
         streams[1].put([])  # still waiting for a slot
         await asyncio.sleep(0.05)
@@ -144,15 +147,9 @@ def test_a_channel_bound_request_gets_heartbeats_from_its_stream():
     ("failure", "status", "code"),
     [(RayActorError(), 503, "replica_unavailable"), (RuntimeError("boom"), 500, "scheduler_failed")],
 )
-def test_a_lost_channel_fails_its_requests_and_a_later_one_streams_again(failure, status, code):
+def test_a_lost_channel_fails_and_aborts_its_requests(failure, status, code):
     async def main() -> tuple:
-        scheduler, inbox, streams, channel = _setup(2)
-        await _admitted_off_channel(scheduler, inbox, streams[0])
-        channel.put("r1")
-        await asyncio.sleep(0.01)
-        streams[1].put(Admitted("r1", on_channel=True))
-        generation = Generation(scheduler, [_request("b")], "messages", inbox)  # type: ignore[arg-type]
-        await generation.start()
+        generation, _scheduler, _inbox, streams, channel = await _on_channel()
         channel.put([_out("b", 2)])
         channel.put(failure)
         with pytest.raises(ApiError) as raised:
@@ -200,13 +197,7 @@ def test_a_channel_that_never_opens_is_given_up():
 
 def test_cancelling_an_unfinished_channel_bound_request_aborts_it_and_forgets_its_queue():
     async def main() -> tuple:
-        scheduler, inbox, streams, channel = _setup(2)
-        await _admitted_off_channel(scheduler, inbox, streams[0])
-        channel.put("r1")
-        await asyncio.sleep(0.01)
-        streams[1].put(Admitted("r1", on_channel=True))
-        generation = Generation(scheduler, [_request("b")], "messages", inbox)  # type: ignore[arg-type]
-        await generation.start()
+        generation, _scheduler, inbox, streams, channel = await _on_channel()
         channel.put([_out("b", 2)])
         batches = generation.batches()
         await anext(batches)
