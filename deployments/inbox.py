@@ -4,8 +4,9 @@ Owns the channels' reader tasks and the queue of each request waiting for output
 (deployments/generation.py) owns the requests. A request names the channel in its `generate` call;
 the replica that takes it answers `Admitted`, and sends its outputs on the channel if this Ingress
 has one open there, else on the call's own stream, and this opens a channel for the next requests.
-A channel that fails or ends fails the requests bound to it; the next admission there opens another
-after `retry_s`. See deployments/outbox.py for why.
+A channel that fails or ends fails the requests bound to it (a replica ends one only when none is);
+the next admission there opens another, at once after an end, after `retry_s` after a failure. See
+deployments/outbox.py for why.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from deployments.replica_errors import replica_died
 logger = logging.getLogger("ray.serve")  # the Ingress replica's log file and the dashboard
 
 OPEN_TIMEOUT_S = 10.0  # a channel not open by then (its replica full or gone) is given up
-RETRY_S = 5.0  # least time between two tries at a replica's channel
+RETRY_S = 5.0  # after a channel failed, the next try at its replica waits this long
 
 Item = list[RequestOutput] | ApiError
 
@@ -40,10 +41,10 @@ class Inbox:
         self._retry_s = retry_s
         self.channel_id = uuid.uuid4().hex  # per Ingress process and model: a replica keys its outbox by it
         self._queues: dict[str, asyncio.Queue[Item]] = {}  # request id -> its outputs
-        self._readers: dict[str, asyncio.Task[None]] = {}  # replica id -> its channel's reader
+        self._readers: dict[str, asyncio.Task[None] | None] = {}  # replica id -> its channel's reader
         self._open: set[str] = set()  # replicas whose channel is open (said hello)
         self._bound: dict[str, set[str]] = {}  # replica id -> requests whose outputs come on its channel
-        self._tried_s: dict[str, float] = {}  # replica id -> when its channel was last opened
+        self._failed_s: dict[str, float] = {}  # replica id -> when its channel last failed
 
     def register(self, request_id: str) -> asyncio.Queue[Item]:
         """Called before the `generate` call: outputs may come on the channel before its admission."""
@@ -66,18 +67,13 @@ class Inbox:
         elif (queue := self._queues.get(request_id)) is not None:  # its channel failed meanwhile
             queue.put_nowait(_lost(replica_id, None))
 
-    def close(self) -> None:
-        for reader in list(self._readers.values()):
-            reader.cancel()
-
     def _ensure_open(self, replica_id: str) -> None:
-        now_s = time.monotonic()
-        if (
-            replica_id in self._readers
-            or now_s - self._tried_s.get(replica_id, -self._retry_s) < self._retry_s
+        failed_s = self._failed_s.get(replica_id)
+        if replica_id in self._readers or (
+            failed_s is not None and time.monotonic() - failed_s < self._retry_s
         ):
             return
-        self._tried_s[replica_id] = now_s
+        self._readers[replica_id] = None  # opening: no second reader meanwhile
         # Started from a callback, outside the request: a task started inside a streamed response
         # was cancelled with it (Starlette's cancel scope ends the response's tasks).
         asyncio.get_running_loop().call_soon(self._start_reader, replica_id, context=contextvars.Context())
@@ -101,6 +97,7 @@ class Inbox:
             raise
         except Exception as exc:  # noqa: BLE001  (logged; its requests fail, the next ones use streams)
             failure = exc
+            self._failed_s[replica_id] = time.monotonic()
             logger.warning("the output channel to Scheduler replica %s failed: %r", replica_id, exc)
         finally:
             self._open.discard(replica_id)

@@ -206,3 +206,20 @@ def test_cancelling_an_unfinished_channel_bound_request_aborts_it_and_forgets_it
 
     aborted, queues = run(main())
     assert aborted and queues == {}
+
+
+def test_a_channel_its_replica_ended_idle_is_opened_again_at_the_next_admission():
+    async def main() -> tuple:
+        streams, first, second = [QueueStream()], QueueStream(["r1", None]), QueueStream(["r1"])
+        scheduler = FakeScheduler(streams, [first, second])
+        inbox = Inbox(scheduler, open_timeout_s=1.0, retry_s=60.0)  # type: ignore[arg-type]
+        await _admitted_off_channel(scheduler, inbox, streams[0])
+        await asyncio.sleep(0.01)  # the first channel said hello and ended: idle, nothing bound
+        after_end = ("r1" in inbox._open, len(scheduler.calls_channel))
+        inbox.admitted("x", Admitted("r1", on_channel=False))
+        await asyncio.sleep(0.01)
+        return after_end, len(scheduler.calls_channel), "r1" in inbox._open
+
+    after_end, tries, open_now = run(main())
+    assert after_end == (False, 1)
+    assert tries == 2 and open_now  # no retry wait: an end is no failure
