@@ -157,20 +157,28 @@ def test_concurrent_streams_travel_gathered_on_one_output_channel_per_replica(ht
                 "POST", "/v1/chat/completions", json=body | {"ignore_eos": True, "stream": True}
             ) as response,
         ):
-            next(line for line in response.iter_lines() if line.startswith("data: {"))
+            chunks = (json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {"))
+            next(c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content"))  # decoding
             started.wait(60)
             leave.wait(60)
 
     with ThreadPoolExecutor(len(prompts)) as pool:
         held = [pool.submit(hold, p) for p in prompts]
         started.wait(60)
-        replicas = http.get("/v1/status").json()["replicas"]
+        deadline_s = time.monotonic() + 10  # the stats a replica answers with lag its event loop
+        while not (busy := _busy(status := http.get("/v1/status").json())) and time.monotonic() < deadline_s:
+            time.sleep(0.2)
         leave.set()
         for future in held:
             future.result()
-    busy = [r for r in replicas if r["num_running"] + r["num_waiting"] > 0]
-    assert busy and all(r["output_channels"] == 1 for r in busy)  # one Ingress replica: one channel
+    seen = [(r["num_running"], r["num_waiting"], r["output_channels"]) for r in status["replicas"]]
+    assert busy, (seen, status["errors"])
+    assert all(r["output_channels"] == 1 for r in busy), seen  # one Ingress replica: one channel
     wait_idle(http)
+
+
+def _busy(status: dict) -> list[dict]:
+    return [r for r in status["replicas"] if r["num_running"] + r["num_waiting"] > 0]
 
 
 def test_status_shows_every_replica_on_the_fast_cpu_paths(http):
