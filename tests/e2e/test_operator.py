@@ -157,14 +157,30 @@ def test_concurrent_streams_travel_gathered_on_one_output_channel_per_replica(ht
                 "POST", "/v1/chat/completions", json=body | {"ignore_eos": True, "stream": True}
             ) as response,
         ):
-            chunks = (json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {"))
-            next(c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content"))  # decoding
+            assert response.status_code == 200, response.read()
+            try:
+                for line in response.iter_lines():
+                    chunk = json.loads(line[6:]) if line.startswith("data: {") else {}
+                    assert "error" not in chunk, chunk
+                    if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
+                        break  # decoding
+                else:
+                    raise AssertionError("the stream ended before any content")
+            except BaseException:
+                started.abort()  # the main thread stops waiting and reads this failure
+                raise
             started.wait(60)
             leave.wait(60)
 
     with ThreadPoolExecutor(len(prompts)) as pool:
         held = [pool.submit(hold, p) for p in prompts]
-        started.wait(60)
+        try:
+            started.wait(60)
+        except threading.BrokenBarrierError:
+            leave.set()
+            for future in held:
+                future.result()  # raises a stream's own failure
+            raise
         deadline_s = time.monotonic() + 10  # the stats a replica answers with lag its event loop
         while not (busy := _busy(status := http.get("/v1/status").json())) and time.monotonic() < deadline_s:
             time.sleep(0.2)
