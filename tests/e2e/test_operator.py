@@ -158,8 +158,9 @@ def test_concurrent_streams_travel_gathered_on_one_output_channel_per_replica(ht
             ) as response,
         ):
             assert response.status_code == 200, response.read()
+            lines = response.iter_lines()  # kept: httpx closes the connection when it is dropped
             try:
-                for line in response.iter_lines():
+                for line in lines:
                     chunk = json.loads(line[6:]) if line.startswith("data: {") else {}
                     assert "error" not in chunk, chunk
                     if chunk.get("choices") and chunk["choices"][0]["delta"].get("content"):
