@@ -41,8 +41,7 @@ class Inbox:
         self._retry_s = retry_s
         self.channel_id = uuid.uuid4().hex  # per Ingress process and model: a replica keys its outbox by it
         self._queues: dict[str, asyncio.Queue[Item]] = {}  # request id -> its outputs
-        self._readers: dict[str, asyncio.Task[None] | None] = {}  # replica id -> its channel's reader
-        self._open: set[str] = set()  # replicas whose channel is open (said hello)
+        self._readers: dict[str, asyncio.Task[None] | None] = {}  # replica id -> its open channel's reader
         self._bound: dict[str, set[str]] = {}  # replica id -> requests whose outputs come on its channel
         self._failed_s: dict[str, float] = {}  # replica id -> when its channel last failed
 
@@ -62,7 +61,7 @@ class Inbox:
         replica_id = admitted.replica_id
         if not admitted.on_channel:
             self._ensure_open(replica_id)
-        elif replica_id in self._open:
+        elif replica_id in self._readers:  # open, or opening: the replica has it before its hello is read
             self._bound.setdefault(replica_id, set()).add(request_id)
         elif (queue := self._queues.get(request_id)) is not None:  # its channel failed meanwhile
             queue.put_nowait(_lost(replica_id, None))
@@ -90,7 +89,6 @@ class Inbox:
                 hello = await stream.__anext__()
             if hello != replica_id:
                 raise RuntimeError(f"the channel for replica {replica_id} reached {hello}")
-            self._open.add(replica_id)
             async for batch in stream:
                 self._deliver(batch)
         except asyncio.CancelledError:
@@ -100,7 +98,6 @@ class Inbox:
             self._failed_s[replica_id] = time.monotonic()
             logger.warning("the output channel to Scheduler replica %s failed: %r", replica_id, exc)
         finally:
-            self._open.discard(replica_id)
             self._readers.pop(replica_id, None)
             stream.cancel()
             for request_id in self._bound.pop(replica_id, set()):

@@ -129,6 +129,24 @@ def test_the_first_request_streams_its_own_outputs_and_opens_a_channel_for_the_n
     assert not streams[1].cancelled  # finished: its stream ends by itself, nothing to abort
 
 
+def test_a_request_admitted_on_a_channel_before_its_hello_is_read_gets_its_outputs_there():
+    """The replica has the channel as soon as the call reaches it, and binds the next admissions to
+    it; this Ingress reads the hello a hop later. Those requests wait for the channel, not fail."""
+
+    async def main() -> tuple:
+        scheduler, inbox, streams, channel = _setup(2)
+        await _admitted_off_channel(scheduler, inbox, streams[0])  # opens the channel; no hello yet
+        streams[1].put(Admitted("r1", on_channel=True))
+        generation = Generation(scheduler, [_request("b")], "messages", inbox)  # type: ignore[arg-type]
+        await generation.start()
+        channel.put("r1")
+        channel.put([_out("b", 2), _out("b", 1, finished=True)])
+        return [item async for item in generation.batches()], streams[1].cancelled
+
+    batches, aborted = run(main())
+    assert _tokens(batches) == [2, 1] and not aborted
+
+
 def test_a_channel_bound_request_gets_heartbeats_from_its_stream():
     async def main() -> tuple:
         generation, _scheduler, _inbox, streams, channel = await _on_channel()
@@ -169,13 +187,19 @@ def test_a_channel_that_reaches_another_replica_is_given_up_and_retried_later():
         inbox = Inbox(scheduler, open_timeout_s=1.0, retry_s=0.2)  # type: ignore[arg-type]
         await _admitted_off_channel(scheduler, inbox, streams[0])
         await asyncio.sleep(0.01)
-        first_try_open = "r1" in inbox._open
+        first_try_open = "r1" in inbox._readers
         inbox.admitted("x", Admitted("r1", on_channel=False))  # within retry_s: no second try
         tries_soon = len(scheduler.calls_channel)
         await asyncio.sleep(0.25)
         inbox.admitted("y", Admitted("r1", on_channel=False))
         await asyncio.sleep(0.01)
-        return first_try_open, wrong.cancelled, tries_soon, len(scheduler.calls_channel), "r1" in inbox._open
+        return (
+            first_try_open,
+            wrong.cancelled,
+            tries_soon,
+            len(scheduler.calls_channel),
+            "r1" in inbox._readers,
+        )
 
     first_try_open, wrong_closed, tries_soon, tries, open_now = run(main())
     assert not first_try_open and wrong_closed and tries_soon == 1
@@ -215,10 +239,10 @@ def test_a_channel_its_replica_ended_idle_is_opened_again_at_the_next_admission(
         inbox = Inbox(scheduler, open_timeout_s=1.0, retry_s=60.0)  # type: ignore[arg-type]
         await _admitted_off_channel(scheduler, inbox, streams[0])
         await asyncio.sleep(0.01)  # the first channel said hello and ended: idle, nothing bound
-        after_end = ("r1" in inbox._open, len(scheduler.calls_channel))
+        after_end = ("r1" in inbox._readers, len(scheduler.calls_channel))
         inbox.admitted("x", Admitted("r1", on_channel=False))
         await asyncio.sleep(0.01)
-        return after_end, len(scheduler.calls_channel), "r1" in inbox._open
+        return after_end, len(scheduler.calls_channel), "r1" in inbox._readers
 
     after_end, tries, open_now = run(main())
     assert after_end == (False, 1)
