@@ -262,9 +262,11 @@ class EngineConfig(BaseModel):
     cpu_exact_packing: bool | None = Field(
         None,
         description=(
-            "The C forward (cpu_decode) keeps a float32 layer weight in fewer bytes where a smaller form holds "
-            "every value exactly: bfloat16 (a bfloat16 checkpoint at float32) or 4-bit affine groups of 32 (a "
-            "4-bit model dequantized to float32, such as the bundled GGUF's Q4_1 weights). At load each packed "
+            "The C forward (cpu_decode) keeps a float32 layer or head weight in fewer bytes where a smaller form "
+            "holds every value exactly: bfloat16 (a bfloat16 checkpoint at float32), 4-bit affine groups of 32 (a "
+            "4-bit model dequantized to float32, such as the bundled GGUF's Q4_1 layers) or signed 8-bit groups of "
+            "32 with a scale (GGUF's Q8_0, such as the bundled model's head). A packed head is read whole, not "
+            "through cpu_greedy_screen's copy, which takes more bytes. At load each packed "
             "weight is expanded back and compared bit for bit with the float32 one, and the forward's logits "
             "with both; the matmuls run the float32 tile code on expanded tiles, so the logits are the same "
             "bits, from fewer bytes (engine/runner/cpu/cpu_pack.h). The float32 weights stay loaded (sgemm and "

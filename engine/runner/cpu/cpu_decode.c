@@ -77,8 +77,9 @@ enum { LN1, WQ, WK, WV, WO, LN2, WG, WU, WD, PER_LAYER };
 
 /* A weight as MLX keeps it: floats (bits 0), or codes with a scale and bias per group. `exact`: float32
    weights kept in a smaller form that weight_row expands back bit for bit (cpu_pack.h): bfloat16 words
-   (bits 16, group 0) or 4-bit affine codes; the own matmuls then run the float32 path's tile code on
-   expanded tiles, and sgemm reads the float32 weights themselves. */
+   (bits 16, group 0), 4-bit affine codes, or signed 8-bit codes with a scale (no bias); the own matmuls
+   then run the float32 path's tile code on expanded tiles, and sgemm reads the float32 weights
+   themselves. */
 typedef struct {
     const void *w;
     const float *s, *b;

@@ -147,10 +147,15 @@ class CpuDecode:
         lib.configure.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 3
         self._measure_direct_rows()
         # Greedy rows screen a float32 head through its bfloat16 copy (cpu_greedy.h); None: a quantized
-        # head, which the kernel reads whole. The load probe may drop it (cpu_decode_probe.py).
-        head, lib.screens.restype = weights[2], ctypes.c_int
-        screens = screen and not head.bits and lib.screens() == 1  # a vector build (cpu_greedy.h)
-        self.screen: Screen | None = Screen.of(head.arrays[0], huge) if screens else None
+        # or packed head (exact_pack.py), which the kernel reads whole, in fewer bytes than the copy.
+        # The load probe may drop it (cpu_decode_probe.py).
+        lib.screens.restype = ctypes.c_int
+        self._screens = screen and lib.screens() == 1  # a vector build (cpu_greedy.h)
+        self._huge = huge
+        self.screen = self._screen_of(weights[2])
+
+    def _screen_of(self, head: Matrix) -> Screen | None:
+        return Screen.of(head.arrays[0], self._huge) if self._screens and not head.bits else None
 
     def _use(self, weights: list[Matrix]) -> None:
         """The weights the kernel reads; their buffers are kept while they are in use."""
@@ -161,9 +166,10 @@ class CpuDecode:
 
     def use_float32(self, weights: list[Matrix]) -> None:
         """Reads `weights` from now on (the float32 ones an exact packing stood for), with the direct
-        rows measured anew for them."""
+        rows measured anew for them, and a float32 head screened."""
         self._use(weights)
         self._measure_direct_rows()
+        self.screen = self.screen or self._screen_of(weights[2])
 
     def _measure_direct_rows(self) -> None:
         """The row counts whose forwards are faster with the own matmuls, on this machine, for the

@@ -61,8 +61,8 @@ static void direct_item(void *ctx, int item, int worker) {
         return;
     }
 #ifdef SIMD_AVX512
-    if (m.exact && m.bits == 4) {
-        exact4_block(m, first, last, x, y, rows, out, in);
+    if (m.exact && (m.bits == 4 || m.bits == 8)) {
+        (m.bits == 4 ? exact4_block : exact8_block)(m, first, last, x, y, rows, out, in);
         return;
     }
 #endif

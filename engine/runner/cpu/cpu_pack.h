@@ -1,7 +1,9 @@
 /* Float32 weights that a smaller form holds exactly, kept in it: bfloat16 words where every weight's low
-   16 bits are zero (a bfloat16 checkpoint run at float32), or 4-bit affine codes with a float32 scale
+   16 bits are zero (a bfloat16 checkpoint run at float32), 4-bit affine codes with a float32 scale
    and bias per 32 weights where each group is 16 evenly spaced values (a 4-bit model dequantized to
-   float32: the bundled SmolLM2 is llama.cpp's Q4_1). weight_row gives every weight back bit for bit,
+   float32: the bundled SmolLM2's layers are llama.cpp's Q4_1), or signed 8-bit codes with a float32
+   scale per 32 weights (llama.cpp's Q8_0: the bundled SmolLM2's embedding, which is also its head).
+   weight_row gives every weight back bit for bit,
    and the own matmuls run the float32 path's tile code on the expanded tiles (direct_item); sgemm, for
    more rows than those take, reads the float32 weights themselves. So the logits are the float32
    weights' own, and a step of few rows reads a half to an eighth of the bytes.
@@ -80,6 +82,38 @@ static void exact4_row(mat_t m, int o, int in, float *out) {
     }
 }
 
+/* 32 weights -> 32 signed 8-bit codes and a scale that give them back (code times scale), trying the
+   largest magnitude over 127 as computed and rounded to float16 (Q8_0 stores it so). Returns 0 when
+   neither does. A code times a float16 scale is exact in float32: no rounding in the expansion. */
+static int pack_group8(const float *v, int8_t *codes, float *scale) {
+    float top = 0.f;
+    for (int j = 0; j < 32; j++) top = fabsf(v[j]) > top ? fabsf(v[j]) : top;
+    const float tries[2] = {top / 127.f, round_half(top / 127.f)};
+    for (int t = 0; t < 2; t++) {
+        const float s = tries[t];
+        int ok = 1;
+        int8_t q[32];
+        for (int j = 0; j < 32 && ok; j++) {
+            float c = s != 0.f ? rintf(v[j] / s) : 0.f;
+            c = c < -127.f ? -127.f : c > 127.f ? 127.f : c;
+            q[j] = (int8_t)c;
+            ok = c * s == v[j];
+        }
+        if (!ok) continue;
+        memcpy(codes, q, 32);
+        *scale = s;
+        return 1;
+    }
+    return 0;
+}
+
+/* Row `o` of an exact 8-bit packing as floats: each code times its group's scale. */
+static void exact8_row(mat_t m, int o, int in, float *out) {
+    const int8_t *row = (const int8_t *)m.w + (size_t)o * in;
+    const float *sc = m.s + (size_t)o * (in / 32);
+    for (int j = 0; j < in; j++) out[j] = (float)row[j] * sc[j / 32];
+}
+
 #ifdef SIMD_AVX512
 /* R rows times C channels of an exact 4-bit packing, the sums of ftile_R_C (cpu_tiles.h) bit for bit:
    16 lanes, lane j adding the products of inputs j, j + 16, ... in order, then fv_hsum. The weights
@@ -146,6 +180,60 @@ static void exact4_block(mat_t m, int first, int last, const float *x, float *y,
                                                                 y + (size_t)r0 * out + o, out);
     }
 }
+
+/* R rows times C channels of an exact 8-bit packing, the sums of ftile_R_C bit for bit, as etile's: each
+   16 codes widened to floats and times their group's scale, which is the weight itself. */
+#define DEFINE_E8TILE(R, C)                                                                                \
+    static void e8tile_##R##_##C(const int8_t *q, const float *sc, int in, const float *x, float *y,      \
+                                 int out) {                                                               \
+        const int groups = in / 32;                                                                        \
+        fvec acc[R][C];                                                                                    \
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) _Pragma("GCC unroll 2") for (int c = 0; c < C; c++) \
+            acc[r][c] = fv_zero();                                                                         \
+        for (int at = 0; at < in; at += 16) {                                                              \
+            fvec wv[C];                                                                                    \
+            _Pragma("GCC unroll 2") for (int c = 0; c < C; c++) {                                         \
+                const __m128i codes = _mm_loadu_si128((const __m128i *)(q + (size_t)c * in + at));          \
+                wv[c] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes)),                     \
+                                      _mm512_set1_ps(sc[(size_t)c * groups + at / 32]));                   \
+                FV_HOLD(wv[c]);                                                                            \
+            }                                                                                              \
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {                                          \
+                fvec xv = fv_load(x + (size_t)r * in + at);                                                \
+                FV_HOLD(xv);                                                                               \
+                _Pragma("GCC unroll 2") for (int c = 0; c < C; c++) acc[r][c] = fv_fma(xv, wv[c], acc[r][c]); \
+            }                                                                                              \
+        }                                                                                                  \
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) _Pragma("GCC unroll 2") for (int c = 0; c < C; c++) \
+            y[(size_t)r * out + c] = fv_hsum(acc[r][c]);                                                   \
+    }
+#define DEFINE_E8TILES(R) DEFINE_E8TILE(R, 1) DEFINE_E8TILE(R, 2)
+DEFINE_E8TILES(1)
+DEFINE_E8TILES(2)
+DEFINE_E8TILES(3)
+DEFINE_E8TILES(4)
+DEFINE_E8TILES(5)
+DEFINE_E8TILES(6)
+DEFINE_E8TILES(7)
+DEFINE_E8TILES(8)
+typedef void (*e8tile_fn)(const int8_t *, const float *, int, const float *, float *, int);
+static const e8tile_fn E8TILES[8][2] = {
+    {e8tile_1_1, e8tile_1_2}, {e8tile_2_1, e8tile_2_2}, {e8tile_3_1, e8tile_3_2}, {e8tile_4_1, e8tile_4_2},
+    {e8tile_5_1, e8tile_5_2}, {e8tile_6_1, e8tile_6_2}, {e8tile_7_1, e8tile_7_2}, {e8tile_8_1, e8tile_8_2},
+};
+
+/* Channels [first, last) of an exact 8-bit packing for every row, through e8tile. */
+static void exact8_block(mat_t m, int first, int last, const float *x, float *y, int rows, int out, int in) {
+    const int groups = in / 32;
+    for (int o = first; o < last; o += 2) {
+        const int c = last - o < 2 ? last - o : 2;
+        const int8_t *q = (const int8_t *)m.w + (size_t)o * in;
+        const float *sc = m.s + (size_t)o * groups;
+        for (int r0 = 0; r0 < rows; r0 += 8)
+            E8TILES[(rows - r0 < 8 ? rows - r0 : 8) - 1][c - 1](q, sc, in, x + (size_t)r0 * in,
+                                                                 y + (size_t)r0 * out + o, out);
+    }
+}
 #endif
 
 /* w (out, in) float32, in a multiple of 32 -> codes (out, in / 8) uint32 words, scales and biases
@@ -155,6 +243,15 @@ size_t pack_affine4(const float *w, int out, int in, uint32_t *codes, float *sca
     const size_t groups = (size_t)out * (in / 32);
     for (size_t g = 0; g < groups; g++)
         if (!pack_group4(w + g * 32, (uint8_t *)codes + g * 16, scales + g, biases + g)) return g + 1;
+    return 0;
+}
+
+/* w (out, in) float32, in a multiple of 32 -> codes (out, in) int8 and scales (out, in / 32); returns as
+   pack_affine4 does. */
+size_t pack_sym8(const float *w, int out, int in, int8_t *codes, float *scales) {
+    const size_t groups = (size_t)out * (in / 32);
+    for (size_t g = 0; g < groups; g++)
+        if (!pack_group8(w + g * 32, codes + g * 32, scales + g)) return g + 1;
     return 0;
 }
 

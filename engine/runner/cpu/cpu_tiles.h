@@ -16,6 +16,7 @@ static inline void unpack32(const uint8_t *row, int bits, int at, float *w) {
    an exactly packed one (cpu_pack.h) back to its float32 bits. */
 static void weight_row(mat_t m, int o, int in, float *out);
 static void exact4_row(mat_t m, int o, int in, float *out);
+static void exact8_row(mat_t m, int o, int in, float *out);
 
 #ifdef SIMD_AVX2
 static inline float hsum8(__m256 v) {
@@ -90,7 +91,7 @@ static void weight_row(mat_t m, int o, int in, float *out) {
         return;
     }
     if (m.exact) { /* exact 4-bit: byte j of a group holds codes j (low nibble) and 16 + j (cpu_pack.h) */
-        exact4_row(m, o, in, out);
+        (m.bits == 8 ? exact8_row : exact4_row)(m, o, in, out);
         return;
     }
     const uint8_t *row = (const uint8_t *)m.w + (size_t)o * in * m.bits / 8;

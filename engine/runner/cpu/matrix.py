@@ -11,7 +11,8 @@ import numpy as np
 class Matrix:
     """float32 data (bits 0), or MLX's affine codes (uint32 words) with float32 scales and biases per
     `group` weights. `exact`: float32 weights kept in a form that holds them exactly
-    (engine/runner/cpu/exact_pack.py): bfloat16 words (bits 16, uint16) or 4-bit affine codes."""
+    (engine/runner/cpu/exact_pack.py): bfloat16 words (bits 16, uint16), 4-bit affine codes, or signed
+    8-bit codes (int8 bytes in uint32 words) with scales and no biases."""
 
     arrays: tuple[np.ndarray, ...]
     bits: int = 0

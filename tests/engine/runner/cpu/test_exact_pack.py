@@ -1,7 +1,7 @@
-"""Float32 layer weights kept in a form that holds them exactly (engine/runner/cpu/exact_pack.py,
-cpu_pack.h): 4-bit affine groups and bfloat16 words are found, expanded back bit for bit, and give the
-float32 weights' logits bit for bit at every position; weights no such form holds stay float32, and a
-packing whose logits differ is dropped."""
+"""Float32 head and layer weights kept in a form that holds them exactly (engine/runner/cpu/exact_pack.py,
+cpu_pack.h): 4-bit affine groups, signed 8-bit groups and bfloat16 words are found, expanded back bit
+for bit, and give the float32 weights' logits bit for bit at every position; weights no such form holds
+stay float32, and a packing whose logits differ is dropped."""
 
 import logging
 import platform
@@ -42,6 +42,21 @@ def affine_exact_llama() -> nn.Module:
     return model
 
 
+def q8_exact_llama() -> nn.Module:
+    """A tiny Llama whose head and projections are signed 8-bit codes times a float16 scale per 32
+    weights, in float32: what GGUF's Q8_0 dequantized holds (llama.cpp's 8-bit quantization, and the
+    bundled model's embedding and head)."""
+    model, rng = tiny_llama(), np.random.default_rng(8)
+    for linear in [*layer_linears(model), model.lm_head]:
+        out, width = linear.weight.shape
+        codes = rng.integers(-127, 128, (out, width // 32, 32)).astype(np.float32)
+        codes[..., 11] = rng.choice([-127, 127], (out, width // 32))  # the group's largest magnitude
+        scales = rng.uniform(0.0005, 0.02, (out, width // 32, 1)).astype(np.float16).astype(np.float32)
+        linear.weight = mx.array((codes * scales).reshape(out, width))
+    mx.eval(model.parameters())
+    return model
+
+
 def bfloat16_llama() -> nn.Module:
     model = tiny_llama()
     model.set_dtype(mx.bfloat16)
@@ -58,7 +73,8 @@ def built(model: nn.Module, packing: bool) -> CpuDecode:
 
 
 def packed_bits(decode: CpuDecode) -> set[int]:
-    return {m.bits for m in decode._matrices[3:] if m.exact}
+    """The packings of the head and the layers."""
+    return {m.bits for m in decode._matrices[2:] if m.exact}
 
 
 def sequence_logits(decode: CpuDecode, model: nn.Module) -> np.ndarray:
@@ -84,17 +100,21 @@ MARCHES = [
 
 
 @pytest.mark.parametrize("march", MARCHES)
-@pytest.mark.parametrize(("make", "bits"), [(affine_exact_llama, 4), (bfloat16_llama, 16)])
+@pytest.mark.parametrize(
+    ("make", "bits"), [(affine_exact_llama, {4}), (q8_exact_llama, {8}), (bfloat16_llama, {16})]
+)
 def test_packed_weights_give_the_float32_logits_bit_for_bit(make, bits, march, monkeypatch):
     if march:
         monkeypatch.setenv("MLX_RAY_SERVE_KERNEL_MARCH", march)
     model = make()
     packed, plain = built(model, packing=True), built(model, packing=False)
-    assert packed_bits(packed) == {bits} and all(m.exact for m in packed._matrices[3:] if m.bits)
+    assert packed_bits(packed) == bits and all(m.exact for m in packed._matrices[3:] if m.bits)
+    assert packed._matrices[2].exact == (make is not affine_exact_llama)  # its head: random floats
+    assert packed.screen is None or not packed._matrices[2].exact  # a packed head reads fewer bytes
     assert not packed_bits(plain)
     floats = [cpu_decode.Matrix((m.source,)) if m.exact else m for m in packed._matrices]
-    assert sum(a.nbytes for m in packed._matrices[3:] for a in m.arrays) < sum(
-        a.nbytes for m in floats[3:] for a in m.arrays
+    assert sum(a.nbytes for m in packed._matrices[2:] for a in m.arrays) < sum(
+        a.nbytes for m in floats[2:] for a in m.arrays
     )
     # One decoder, its direct-row settings kept (measured per instance), the weights swapped.
     first = sequence_logits(packed, model)
@@ -109,7 +129,7 @@ def test_float32_weights_no_smaller_form_holds_stay_as_they_are():
     decode = built(model, packing=True)
     assert not packed_bits(decode)
     packing = exact_pack.pack(decode._lib, decode._matrices)
-    assert not packing.packed and packing.kinds == Counter({"float32": len(layer_linears(model))})
+    assert not packing.packed and packing.kinds == Counter({"float32": len(layer_linears(model)) + 1})
     assert decode.weight_packing.startswith("off (no layer weight")
     assert built(model, packing=False).weight_packing == "off (engine.cpu_exact_packing is false)"
     assert packing.weights == decode._matrices
@@ -119,12 +139,12 @@ def test_packed_copies_stay_within_the_memory_budget():
     model = affine_exact_llama()
     decode = built(model, packing=False)
     weights = decode._matrices
-    sizes = [exact_pack._smallest(m) for m in weights[3:] if m.arrays[0].ndim == 2]
+    sizes = [exact_pack._smallest(m) for m in weights[2:] if m.arrays[0].ndim == 2]
     packing = exact_pack.pack(decode._lib, weights, budget=3 * max(sizes))
     packed = [m for m in packing.weights if m.exact]
     assert packing.packed and 0 < len(packed) < len(sizes)
     assert sum(a.nbytes for m in packed for a in m.arrays) <= 3 * max(sizes)
-    assert packing.kinds["float32, no room"] == len(sizes) - len(packed)
+    assert packing.kinds["float32, no room"] + packing.kinds["float32"] == len(sizes) - len(packed)
     assert not exact_pack.pack(decode._lib, weights, budget=0).packed
     assert exact_pack.memory_budget() > 0
 
@@ -157,7 +177,21 @@ def test_a_packing_whose_logits_differ_is_dropped(monkeypatch, caplog):
     assert decode.weight_packing.startswith("off (the packed weights' logits differed")
 
 
-def test_the_bundled_model_reads_its_layers_as_4_bit_codes(llm):
-    # Its float32 weights are llama.cpp's Q4_1 dequantized; the engine's greedy tests run on them.
-    assert isinstance(llm.runner.decode, CpuDecode) and packed_bits(llm.runner.decode) == {4}
-    assert llm.stats().compute.weight_packing == "layer weights 4-bit affine 210; 405 MB read as 76 MB"
+def test_one_code_of_an_8_bit_group_off_is_caught():
+    model = q8_exact_llama()
+    decode = built(model, packing=False)
+    matrix = cpu_decode._matrix(model.lm_head)
+    packed = exact_pack._packed(decode._lib, matrix)
+    assert packed is not None and packed.bits == 8
+    assert exact_pack._mismatches(decode._lib, packed, matrix.arrays[0]) == 0
+    packed.arrays[0][4, 3] ^= 0x100  # one code of row 4 (byte 1 of word 3)
+    assert exact_pack._mismatches(decode._lib, packed, matrix.arrays[0]) == 1
+
+
+def test_the_bundled_model_reads_its_layers_as_4_bit_codes_and_its_head_as_8_bit_ones(llm):
+    # Its float32 weights are llama.cpp's Q4_1 (layers) and Q8_0 (the embedding, tied to the head)
+    # dequantized; the engine's greedy tests run on them.
+    decode = llm.runner.decode
+    assert isinstance(decode, CpuDecode) and packed_bits(decode) == {4, 8} and decode._matrices[2].bits == 8
+    packing = "head and layer weights 4-bit affine 210, 8-bit 1; 513 MB read as 106 MB"
+    assert llm.stats().compute.weight_packing == packing
