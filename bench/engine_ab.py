@@ -2,7 +2,7 @@
 the machine slows both): per stream count, ms per decode token of one stream, the prefill's ms, and
 whether both produced the same tokens; and a closed loop of clients, bench/serve.py's workload without
 the serving (each client's next request, a new ~200-token prompt, starts when its last one ends). Used
-by bench/huge_pages.py and bench/exact_pack.py."""
+by bench/huge_pages.py, bench/exact_pack.py and bench/packed_head.py."""
 
 from __future__ import annotations
 
@@ -18,14 +18,16 @@ from bench.gpu import table
 from bench.greedy_screen import decode
 
 
-def arguments(description: str, out: str) -> argparse.Namespace:
-    """The two benchmarks' shared command line."""
+def arguments(description: str, out: str, extra: dict[str, str] | None = None) -> argparse.Namespace:
+    """The benchmarks' shared command line, and `extra` options (name: default, strings) of one."""
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--model", default="bundled:smollm2-135m-instruct")
     ap.add_argument("--streams", default="1,4,16")
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--closed-loop", type=int, default=0, help="also N clients in a closed loop (0: not)")
+    for name, default in (extra or {}).items():
+        ap.add_argument(name, default=default)
     ap.add_argument("--out", default=out)
     return ap.parse_args()
 

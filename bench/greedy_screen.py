@@ -3,7 +3,7 @@
     env -u OPENBLAS_CORETYPE python bench/greedy_screen.py [--model bundled:smollm2-135m-instruct]
         [--streams 1,2,4] [--tokens 96] [--rounds 3] [--out bench/results/greedy_screen.json]
 
-One engine (the README's defaults); each round runs every stream count twice, with the screen
+One engine (the README's defaults, its head read as float32 where exact_pack.py packed it); each round runs every stream count twice, with the screen
 (engine/runner/cpu/cpu_greedy.h) and without it (the instance's screen set aside: the full head, as
 `engine.cpu_greedy_screen: false` gives), alternating, so a slow moment of the machine slows both. Per
 run: ms per decode token per stream (from every stream's first token to the last one's end), and
@@ -28,6 +28,8 @@ import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.messages import GenerateRequest, SamplingParams
+from engine.runner.cpu.cpu_decode import CpuDecode
+from engine.runner.cpu.matrix import Matrix
 
 from bench.gpu import table
 
@@ -54,6 +56,19 @@ def decode(
     return per_token, [out[f"{tag}-{i}"] for i in range(streams)], (start - began) * 1e3
 
 
+def with_float32_head(llm: LLMEngine) -> None:
+    """The engine's C forward reads its head's float32 weights from now on, as a load without the
+    head's exact packing would (direct rows measured again, the screen built): for a head that
+    engine/runner/cpu/exact_pack.py packed, which is not screened."""
+    decode = llm.runner.decode
+    assert isinstance(decode, CpuDecode), "the C forward serves this model"
+    weights = list(decode._matrices)
+    head = weights[2]
+    assert head.exact and head.source is not None, f"this model's head is not packed: {decode.weight_packing}"
+    weights[2] = Matrix((head.source,))
+    decode.use_float32(weights)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="bundled:smollm2-135m-instruct")
@@ -64,6 +79,8 @@ def main() -> None:
     args = ap.parse_args()
     llm = LLMEngine(EngineConfig(model=args.model))
     kernel = llm.runner.decode
+    if isinstance(kernel, CpuDecode) and kernel._matrices[2].exact:
+        with_float32_head(llm)  # the bundled model's head is packed (8-bit codes), which is not screened
     screen = getattr(kernel, "screen", None)
     if screen is None:
         raise SystemExit(f"{args.model}: no screened head here (decode path {llm.stats().compute.decode})")

@@ -111,7 +111,10 @@ static int pack_group8(const float *v, int8_t *codes, float *scale) {
 static void exact8_row(mat_t m, int o, int in, float *out) {
     const int8_t *row = (const int8_t *)m.w + (size_t)o * in;
     const float *sc = m.s + (size_t)o * (in / 32);
-    for (int j = 0; j < in; j++) out[j] = (float)row[j] * sc[j / 32];
+    for (int g = 0; g < in / 32; g++) {
+        const float s = sc[g];
+        for (int j = 0; j < 32; j++) out[g * 32 + j] = (float)row[g * 32 + j] * s;
+    }
 }
 
 #ifdef SIMD_AVX512
@@ -168,6 +171,7 @@ static const etile_fn ETILES[8][2] = {
     {etile_5_1, etile_5_2}, {etile_6_1, etile_6_2}, {etile_7_1, etile_7_2}, {etile_8_1, etile_8_2},
 };
 
+
 /* Channels [first, last) of an exact 4-bit packing for every row, through etile. */
 static void exact4_block(mat_t m, int first, int last, const float *x, float *y, int rows, int out, int in) {
     const int groups = in / 32;
@@ -222,13 +226,26 @@ static const e8tile_fn E8TILES[8][2] = {
     {e8tile_5_1, e8tile_5_2}, {e8tile_6_1, e8tile_6_2}, {e8tile_7_1, e8tile_7_2}, {e8tile_8_1, e8tile_8_2},
 };
 
-/* Channels [first, last) of an exact 8-bit packing for every row, through e8tile. */
+/* Prefetches n channels of an 8-bit packing: `in` code bytes and in / 32 scales each. */
+static inline void prefetch_codes8(const int8_t *codes, const float *scales, int in, int n) {
+    for (int at = 0; at < n * in; at += 64) _mm_prefetch((const char *)(codes + at), _MM_HINT_T0);
+    for (int g = 0; g < n * in / 32; g += 16) _mm_prefetch((const char *)(scales + g), _MM_HINT_T0);
+}
+
+#define E8_AHEAD 4 /* channels on that exact8_block prefetches */
+
+/* Channels [first, last) of an exact 8-bit packing for every row, through e8tile, prefetching: the
+   hardware prefetcher alone follows the short rows (two streams) too late. Measured on a Zen 5 EPYC,
+   the bundled model's head at one row: 2.4 ms without, 0.7 with (30 MB at 43 GB/s); 8 or 16 channels
+   ahead were no better. The 4-bit blocks gained nothing from the same. */
 static void exact8_block(mat_t m, int first, int last, const float *x, float *y, int rows, int out, int in) {
     const int groups = in / 32;
     for (int o = first; o < last; o += 2) {
         const int c = last - o < 2 ? last - o : 2;
         const int8_t *q = (const int8_t *)m.w + (size_t)o * in;
         const float *sc = m.s + (size_t)o * groups;
+        if (o + E8_AHEAD < out)
+            prefetch_codes8(q + (size_t)E8_AHEAD * in, sc + E8_AHEAD * groups, in, out - o - E8_AHEAD < 2 ? 1 : 2);
         for (int r0 = 0; r0 < rows; r0 += 8)
             E8TILES[(rows - r0 < 8 ? rows - r0 : 8) - 1][c - 1](q, sc, in, x + (size_t)r0 * in,
                                                                  y + (size_t)r0 * out + o, out);
