@@ -171,7 +171,6 @@ static const etile_fn ETILES[8][2] = {
     {etile_5_1, etile_5_2}, {etile_6_1, etile_6_2}, {etile_7_1, etile_7_2}, {etile_8_1, etile_8_2},
 };
 
-
 /* Channels [first, last) of an exact 4-bit packing for every row, through etile. */
 static void exact4_block(mat_t m, int first, int last, const float *x, float *y, int rows, int out, int in) {
     const int groups = in / 32;

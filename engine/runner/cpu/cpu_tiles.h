@@ -90,7 +90,8 @@ static void weight_row(mat_t m, int o, int in, float *out) {
         for (int j = 0; j < in; j++) bits[j] = (uint32_t)row[j] << 16;
         return;
     }
-    if (m.exact) { /* exact 4-bit: byte j of a group holds codes j (low nibble) and 16 + j (cpu_pack.h) */
+    if (m.exact) { /* exact 8-bit codes, or 4-bit ones: byte j of a group holds codes j (low nibble) and
+                      16 + j (cpu_pack.h) */
         (m.bits == 8 ? exact8_row : exact4_row)(m, o, in, out);
         return;
     }

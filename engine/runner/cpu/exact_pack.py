@@ -29,6 +29,7 @@ import numpy as np
 
 _GROUP = 32  # the 4- and 8-bit packings' group: GGUF's block
 _KINDS = {16: "bfloat16", 4: "4-bit affine", 8: "8-bit"}
+_FIRST = 2  # weights[2] is the head (cpu_decode.c's list), then the layers
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,6 @@ def _gathered(weights: list[Matrix]) -> list[Matrix]:
     return [moved.get(id(m), m) for m in weights]
 
 
-_FIRST = 2  # weights[2] is the head (cpu_decode.c's list), then the layers
 _MEMORY_SHARE = 4  # the packed copies may take a quarter of the memory available at load
 
 
