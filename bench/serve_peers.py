@@ -142,6 +142,16 @@ PEERS: dict[str, Peer] = {
         "ignore_eos",
         env=(("RAY_SERVE_ENABLE_HA_PROXY", "0"),),
     ),
+    # Ray Serve's controller loop and metrics export at its defaults (10 a second each): `serve run`
+    # without the README's RAY_SERVE_CONTROL_LOOP_INTERVAL_S=0.5 and RAY_SERVE_METRICS_EXPORT_INTERVAL_MS=1000
+    "ours-ray-defaults": Peer(
+        "ours-ray-defaults",
+        "ours",
+        [],
+        OURS_VERSIONS,
+        "ignore_eos",
+        env=(("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.1"), ("RAY_SERVE_METRICS_EXPORT_INTERVAL_MS", "100")),
+    ),
     # every stream carries its own outputs from the Scheduler: no output channels (deployments/inbox.py)
     "ours-no-channels": Peer(
         "ours-no-channels", "ours", [], OURS_VERSIONS, "ignore_eos", app_args=(("output_channels", False),)

@@ -134,6 +134,19 @@ def test_the_readme_start_serves_http_through_haproxy(served):
     assert events[-1] == "data: [DONE]" and len(events) > 2
 
 
+def test_the_readme_start_slows_serves_controller_loop_and_metrics_export(served):
+    readme = readme_start_env()
+    wanted = {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5", "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000"}
+    assert {k: readme[k] for k in wanted} == wanted
+    titles = {pid: serve_proc.command_line(pid) for pid in serve_proc.descendants(served.proc.pid)}
+    controller = [pid for pid, title in titles.items() if title.startswith("ray::ServeController")]
+    replicas = [pid for pid, title in titles.items() if title.startswith("ray::ServeReplica:llm:")]
+    assert len(controller) == 1 and len(replicas) >= 4, titles  # Ingress, Scheduler, Tokenizer, Embedder, ...
+    for pid in controller + replicas:  # each reads them once, from its environment, when Ray Serve loads
+        environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+        assert all(f"{k}={v}" in environ for k, v in wanted.items()), titles[pid]
+
+
 def _stream_until_cut(url: str) -> None:
     body = {
         "model": "default",
