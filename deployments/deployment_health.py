@@ -28,6 +28,7 @@ serve_logger = logging.getLogger("ray.serve")
 
 POLL_INTERVAL_S = 1.0
 FULL_READ_EVERY_S = 30.0  # ServeStatusReader: the replica counts' refresh while nothing changes
+UNSETTLED_FULL_READ_EVERY_S = 5.0  # ... and while a deployment is not HEALTHY (a model loading)
 DOWN_RETRY_AFTER_S = 10
 _MAX_CAUSE_CHARS = 400
 # Ray Serve's messages for replicas that failed to start or died (deployment_state.py, Ray 2.60).
@@ -116,9 +117,12 @@ class ServeStatusReader:
     Each read asks for the compact status (`get_serve_status`: each deployment's status and message).
     The replica counts come with the full details, which cost the controller and this process about
     150 ms of CPU each (`serve.status()` rebuilds every deployment's config, pickling its router
-    class): they are read again only when the compact status changes, while a deployment is not
-    HEALTHY, and every `full_every_s` at most. A HEALTHY deployment's status is all that decides
-    whether it can serve (`deployment_state`), so the cached counts never hide a failure.
+    class): they are read again when the compact status changes, every `unsettled_every_s` while a
+    deployment is not HEALTHY (read every second, the Scheduler's 10-20 s model load cost the
+    controller a sixth of a core on 2 cores, beside the load), and every `full_every_s` otherwise.
+    What decides that a deployment cannot serve (DEPLOY_FAILED, or "failed to start" in its message:
+    `deployment_state`) is in the compact status, and a change there reads the counts at once, so the
+    cached counts never hide a failure.
     """
 
     def __init__(
@@ -127,10 +131,12 @@ class ServeStatusReader:
         client: Any = None,
         full_every_s: float = FULL_READ_EVERY_S,
         clock: Callable[[], float] = time.monotonic,
+        unsettled_every_s: float = UNSETTLED_FULL_READ_EVERY_S,
     ):
         self._app_name = app_name
         self._client = client
         self._full_every_s = full_every_s
+        self._unsettled_every_s = unsettled_every_s
         self._clock = clock
         self._last_compact: tuple[tuple[str, str, str], ...] | None = None
         self._last_full_s = -float("inf")
@@ -142,9 +148,10 @@ class ServeStatusReader:
         compact = tuple(
             sorted((d.name, _name(d.status), d.message or "") for d in overview.deployment_statuses)
         )
-        stale = self._clock() - self._last_full_s >= self._full_every_s
         settled = all(status == "HEALTHY" for _, status, _ in compact)
-        if compact != self._last_compact or stale or not settled:
+        age_s = self._clock() - self._last_full_s
+        stale = age_s >= (self._full_every_s if settled else self._unsettled_every_s)
+        if compact != self._last_compact or stale:
             self._states = self._read_full(client)
             self._last_compact, self._last_full_s = compact, self._clock()
         return dict(self._states)

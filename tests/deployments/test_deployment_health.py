@@ -147,9 +147,14 @@ def test_the_status_reader_reads_replica_counts_again_only_when_the_status_chang
     assert controller.full_reads == 1
     controller.status["Scheduler"] = ("UPDATING", TRACEBACK)  # a replica failed to start
     controller.replicas["Scheduler"] = ["STARTING"]
-    assert "no such directory" in (read()["Scheduler"].problem or "")
-    read()  # not HEALTHY: every poll reads the counts
-    assert controller.full_reads == 3
+    assert "no such directory" in (read()["Scheduler"].problem or "")  # a changed status: read at once
+    assert controller.full_reads == 2
+    now[0] += 1.0
+    read()  # not HEALTHY, unchanged: the counts every unsettled_every_s (5 s), not every poll
+    assert controller.full_reads == 2
+    controller.replicas["Scheduler"] = ["RUNNING"]  # a second try came up; the status lags behind
+    now[0] += 4.0
+    assert read()["Scheduler"].num_running == 1 and controller.full_reads == 3
     now[0] += 30.0  # and the counts are refreshed every full_every_s in any case
     controller.status["Scheduler"] = ("HEALTHY", "")
     controller.replicas["Scheduler"] = ["RUNNING"]
