@@ -64,11 +64,19 @@ def tree_cpu_seconds(root_pid: int) -> dict[str, float]:
 
 def process_label(pid: int) -> str:
     title = _read(Path(f"/proc/{pid}/cmdline")).replace("\0", " ").strip()
+    return title_label(title) if title else _read(Path(f"/proc/{pid}/comm")).strip()
+
+
+def title_label(title: str) -> str:
+    """What a process is, from its title: a replica by its deployment, another Ray actor by its class,
+    each without the method it runs at the moment (Ray names it in the title while it runs: a label
+    read once as `ServeController.get_serve_status` and once as `ServeController` counted the
+    controller's whole CPU time since its start as one level's), anything else by its program."""
     if title.startswith("ray::ServeReplica:"):
-        return title.split(":")[-1].split(".")[0].split()[0]  # the deployment, without the method
+        return title.split(":")[-1].split(".")[0].split()[0]
     if title.startswith("ray::"):
-        return title.split()[0][5:]
-    return Path(title.split()[0]).name if title else _read(Path(f"/proc/{pid}/comm")).strip()
+        return title.split()[0][5:].split(".")[0]
+    return Path(title.split()[0]).name
 
 
 def _read(path: Path) -> str:
