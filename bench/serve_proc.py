@@ -135,7 +135,7 @@ def blas_report(server: ServerProcess, blas_path: str) -> dict:
         maps = _read(f"/proc/{pid}/maps")
         if "libmlx" not in maps:
             continue
-        env = _environ(pid)
+        env = environ(pid)
         procs.append({
             "pid": pid,
             "cmd": command_line(pid),
@@ -156,7 +156,8 @@ def _read(path: str) -> str:
         return ""
 
 
-def _environ(pid: int) -> dict[str, str]:
+def environ(pid: int) -> dict[str, str]:
+    """The environment `pid` was started with (/proc/<pid>/environ); {} if it is gone."""
     items = [kv.split("=", 1) for kv in _read(f"/proc/{pid}/environ").split("\0") if "=" in kv]
     return dict(items)
 

@@ -143,8 +143,7 @@ def test_the_readme_start_slows_serves_controller_loop_and_metrics_export(served
     replicas = [pid for pid, title in titles.items() if title.startswith("ray::ServeReplica:llm:")]
     assert len(controller) == 1 and len(replicas) >= 4, titles  # Ingress, Scheduler, Tokenizer, Embedder, ...
     for pid in controller + replicas:  # each reads them once, from its environment, when Ray Serve loads
-        environ = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
-        assert all(f"{k}={v}" in environ for k, v in wanted.items()), titles[pid]
+        assert {k: serve_proc.environ(pid).get(k) for k in wanted} == wanted, titles[pid]
 
 
 def _stream_until_cut(url: str) -> None:
