@@ -1,8 +1,10 @@
-"""One client against servers running side by side: single requests alternating between them, so that a
-slow minute of the machine slows every server alike.
+"""Servers running side by side, turns alternating between them, so that a slow minute of the machine slows
+every server alike: one request per turn by default, or with `--concurrency N` a level of `--requests`
+requests through N clients per turn (bench/serve.py's 16-client level, compared in alternation).
 
     env -u OPENBLAS_CORETYPE python bench/serve_paired.py [--servers ours,llama-server-f32] [--rounds 12]
-        [--max-tokens 128] [--prompt-tokens 200] [--out bench/results/serve_paired.json]
+        [--concurrency 1] [--requests 1] [--max-tokens 128] [--prompt-tokens 200]
+        [--out bench/results/serve_paired.json]
 
 `bench/serve.py` runs servers one after another, and on a shared 2-core machine two runs of one server
 minutes apart differ by up to 30% at one client. Here every server starts first and stays up (at most one
@@ -11,8 +13,9 @@ reversed every other round, on the same prompts as bench/serve.py. While one ser
 process of the others is stopped (SIGSTOP, then SIGCONT): an idle Ray cluster takes about 0.13 cores,
 llama-server next to nothing, and a cluster left running beside llama-server slowed it by up to 10% here.
 A stopped Ray cluster catches up on its timers when it resumes, so each turn starts `--settle-s`
-after the others stop. `--no-freeze` leaves them running. Prints per-round time per output token and
-each server's median, and writes JSON.
+after the others stop. `--no-freeze` leaves them running. Prints per round each server's time per output token (one
+client) or output tok/s over the level's wall time (several), the medians and the first server's ratio
+to each, per round and its median; writes JSON.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--servers", default="ours,llama-server-f32")
     ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--concurrency", type=int, default=1, help="clients per turn")
+    ap.add_argument("--requests", type=int, default=1, help="requests per turn (at least --concurrency)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--prompt-tokens", type=int, default=200)
     ap.add_argument("--request-timeout-s", type=float, default=180.0)
@@ -55,14 +60,20 @@ def parse_args() -> argparse.Namespace:
     return ap.parse_args()
 
 
-def one_request(server: serve_proc.ServerProcess, body: dict, timeout_s: float) -> dict:
-    level = asyncio.run(serve_load.run_level(server.base_url, [body], 1, timeout_s)).summary()
-    if level["num_errors"]:
+def one_turn(
+    server: serve_proc.ServerProcess, bodies: list[dict], concurrency: int, timeout_s: float
+) -> dict:
+    """One level of `bodies` through `concurrency` clients; a failed request fails a one-client turn, and is
+    counted (its tokens not) in a level of several."""
+    level = asyncio.run(serve_load.run_level(server.base_url, bodies, concurrency, timeout_s)).summary()
+    if level["num_errors"] and (concurrency == 1 or level["num_errors"] == len(bodies)):
         raise RuntimeError(f"{server.name}: {level['error_samples']}")
     return {
         "itl_ms": level["itl_mean_ms"],
         "ttft_ms": level["ttft_p50_ms"],
         "tok_s": level["aggregate_tok_s"],
+        "chunk_gap_p50_ms": level["chunk_gap_p50_ms"],
+        "num_errors": level["num_errors"],
     }
 
 
@@ -96,29 +107,45 @@ def run_rounds(started: dict, env_info: dict, args) -> list[dict]:
             model = env_info["model_dir"] if peer.use_model_path else model_ids[0]
             extra = serve_peers.eos_body(peer, env_info["eos_token_ids"])
             max_tokens = 16 if r < 0 else args.max_tokens
-            body = serve.bodies(model, extra, index, 1, env_info["prompt_words"], max_tokens, nonce)[0]
-            index += 1
+            count = 1 if r < 0 else args.requests
+            bodies = serve.bodies(model, extra, index, count, env_info["prompt_words"], max_tokens, nonce)
+            index += count
             others = [] if args.no_freeze else [s for n, (s, _, _) in started.items() if n != name]
             with frozen(others):
                 time.sleep(args.settle_s)  # the server was stopped during the last turn: its timers catch up
-                row[name] = one_request(server, body, args.request_timeout_s)
+                row[name] = one_turn(server, bodies, args.clients if r >= 0 else 1, args.request_timeout_s)
         if r >= 0:
             rounds.append(row)
-            cells = ", ".join(f"{n} {row[n]['itl_ms']:.2f}" for n in names)
-            serve.log(f"round {r}: ms per output token: {cells}")
+            key, unit = measure(args.clients)
+            cells = ", ".join(f"{n} {row[n][key]:.2f}" for n in names)
+            serve.log(f"round {r}: {unit}: {cells}")
     return rounds
 
 
-def table(names: list[str], rounds: list[dict]) -> str:
+def measure(concurrency: int) -> tuple[str, str]:
+    """What a turn is compared by: one client's time per output token, or a level's output tok/s."""
+    return ("itl_ms", "ms per output token") if concurrency == 1 else ("tok_s", "output tok/s")
+
+
+def table(names: list[str], rounds: list[dict], concurrency: int = 1) -> str:
+    """Per server: its turns' measure by round, the median, the median tok/s, and the first server's
+    measure over its own per round, then the median: ITLs at one client (below 1: the first is faster),
+    tok/s at several (above 1: the first is faster)."""
+    key, unit = measure(concurrency)
     first = names[0]
-    header = f"| server | ms per output token, by round | median | tok/s median | {first} ITL / its ITL, per round, median |"
+    ratio_name = f"{first} ITL / its ITL" if key == "itl_ms" else f"{first} tok/s / its tok/s"
+    header = f"| server | {unit}, by round | median | tok/s median | {ratio_name}, per round, median |"
     lines = [header, "|---|---|---|---|---|"]
     for name in names:
-        itl = [row[name]["itl_ms"] for row in rounds]
+        values = [row[name][key] for row in rounds]
         tok_s = statistics.median(row[name]["tok_s"] for row in rounds)
-        ratio = statistics.median(row[first]["itl_ms"] / row[name]["itl_ms"] for row in rounds)
-        cells = " / ".join(f"{x:.1f}" for x in itl)
-        lines.append(f"| {name} | {cells} | {statistics.median(itl):.2f} | {tok_s:.1f} | {ratio:.2f}x |")
+        ratios = [row[first][key] / row[name][key] for row in rounds]
+        cells = " / ".join(f"{x:.1f}" for x in values)
+        ratio_cells = " / ".join(f"{x:.2f}" for x in ratios)
+        lines.append(
+            f"| {name} | {cells} | {statistics.median(values):.2f} | {tok_s:.1f} | "
+            f"{ratio_cells}, **{statistics.median(ratios):.2f}x** |"
+        )
     return "\n".join(lines)
 
 
@@ -128,7 +155,11 @@ def main() -> None:
     peers = [serve_peers.PEERS[n] for n in names]
     if sum(p.kind == "ours" for p in peers) > 1:
         raise SystemExit("at most one of this server's variants: they would share one Ray cluster")
-    args.orders, args.concurrency, args.requests_per_level = 1, "1", "1"  # what serve.py's helpers read
+    if args.requests < args.concurrency:
+        raise SystemExit("--requests must be at least --concurrency")
+    args.clients = concurrency = args.concurrency
+    # what serve.py's helpers read
+    args.orders, args.concurrency, args.requests_per_level = 1, str(concurrency), str(args.requests)
     env_info = serve.setup()
     threads = serve.ours_blas_threads(serve.ours_config(REPO / args.config), env_info["blas_threads"])
     env_info["ours_blas_threads"], env_info["peer_blas_threads"] = threads, args.blas_threads or threads
@@ -147,7 +178,7 @@ def main() -> None:
     finally:
         for server, _, _ in started.values():
             serve_proc.stop(server)
-    print(table(names, rounds))
+    print(table(names, rounds, args.clients))
     results = {"git": serve.git_state(), "machine": serve_report.machine(), "settings": vars(args) | env_info,
                "rounds": rounds}  # fmt: skip
     serve.write_results(results, args.out)
