@@ -13,9 +13,9 @@ reversed every other round, on the same prompts as bench/serve.py. While one ser
 process of the others is stopped (SIGSTOP, then SIGCONT): an idle Ray cluster takes about 0.13 cores,
 llama-server next to nothing, and a cluster left running beside llama-server slowed it by up to 10% here.
 A stopped Ray cluster catches up on its timers when it resumes, so each turn starts `--settle-s`
-after the others stop. `--no-freeze` leaves them running. Prints per round each server's time per output token (one
-client) or output tok/s over the level's wall time (several), the medians and the first server's ratio
-to each, per round and its median; writes JSON.
+after the others stop. `--no-freeze` leaves them running. Prints per round each server's time per
+output token (one client) or output tok/s over the level's wall time (several), the medians and the
+first server's ratio to each, per round and its median; writes JSON.
 """
 
 from __future__ import annotations
@@ -157,9 +157,8 @@ def main() -> None:
         raise SystemExit("at most one of this server's variants: they would share one Ray cluster")
     if args.requests < args.concurrency:
         raise SystemExit("--requests must be at least --concurrency")
-    args.clients = concurrency = args.concurrency
-    # what serve.py's helpers read
-    args.orders, args.concurrency, args.requests_per_level = 1, str(concurrency), str(args.requests)
+    args.clients = args.concurrency  # serve.py's helpers read the strings below
+    args.orders, args.concurrency, args.requests_per_level = 1, str(args.clients), str(args.requests)
     env_info = serve.setup()
     threads = serve.ours_blas_threads(serve.ours_config(REPO / args.config), env_info["blas_threads"])
     env_info["ours_blas_threads"], env_info["peer_blas_threads"] = threads, args.blas_threads or threads
