@@ -123,6 +123,11 @@ PEERS: dict[str, Peer] = {
     "ours-unpacked": Peer(
         "ours-unpacked", "ours", [], OURS_VERSIONS, "ignore_eos", engine=(("cpu_exact_packing", False),)
     ),
+    # the many-row products through OpenBLAS's sgemm (engine.cpu_onednn off): the baseline of
+    # engine/runner/cpu/onednn.py
+    "ours-sgemm": Peer(
+        "ours-sgemm", "ours", [], OURS_VERSIONS, "ignore_eos", engine=(("cpu_onednn", False),)
+    ),
     # K and V stored as 8-bit codes (engine.kv_cache_dtype int8), as llama-server stores them in 16 bits
     # by default: a 16-row decode step at 300 tokens of context reads 221 MB of float32 K/V
     "ours-kv8": Peer(

@@ -276,6 +276,21 @@ class EngineConfig(BaseModel):
         ),
     )
 
+    cpu_onednn: bool | None = Field(
+        None,
+        description=(
+            "The C forward (cpu_decode) multiplies many rows (prefill chunks; steps past the rows its own "
+            "matmuls take) through oneDNN's matmul instead of OpenBLAS's sgemm: each float32 layer weight packed "
+            "once at load into the layout oneDNN's kernel for this CPU reads (AVX-512 or AVX2, picked at run "
+            "time), the rows in blocks of up to 64 shared by the forward's two threads, each block one call on "
+            "one thread (engine/runner/cpu/onednn.py). Needs the `onednn-cpu-gomp` and `onednn-devel-cpu-gomp` "
+            "packages (the `cpu` extra on Linux x86-64) and a C compiler. At load the forward's logits through "
+            "both are compared (same tokens, within float32 rounding) and whole prefill-sized forwards timed "
+            "both ways; oneDNN is kept only where it is faster. The packed copies cost the float32 layers' size "
+            "again in memory. None or True: on where that holds; False: sgemm."
+        ),
+    )
+
     speculative: SpeculativeConfig | None = Field(
         None,
         description="Speculative decoding in the batched step (engine/spec_decode/); None: off. Requests "

@@ -173,6 +173,9 @@ class ComputePaths:
     # Float32 layer weights the CPU's C forward reads in an exact smaller form
     # (engine/runner/cpu/exact_pack.py): what it packed and the bytes read, or "off" and why.
     weight_packing: str = "off"
+    # The CPU's C forward's many-row products (engine/runner/cpu/onednn.py): "oneDNN <kernel> (...)" or
+    # "sgemm" and why.
+    prefill_matmul: str = "sgemm"
     # The process's nice value at load. Ray starts its workers at 15 unless RAY_worker_niceness=0 is set
     # where the cluster starts (the README's start does): above 0, every busy thread of another process
     # at 0, Ray's own among them, runs before the engine's.

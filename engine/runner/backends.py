@@ -90,6 +90,7 @@ class Choice:
             not_taken=dict(self.not_taken),
             quantized_rows=getattr(self.built.get("decode"), "quantized_rows", "off"),
             weight_packing=getattr(self.built.get("decode"), "weight_packing", "off"),
+            prefill_matmul=getattr(self.built.get("decode"), "prefill_matmul", "sgemm"),
             niceness=os.nice(0) if hasattr(os, "nice") else 0,
         )
 
@@ -102,6 +103,7 @@ def choose(target: Target, config: EngineConfig) -> Choice:
         greedy_screen=config.cpu_greedy_screen is not False,
         huge_pages=config.cpu_huge_pages is not False,
         exact_packing=config.cpu_exact_packing is not False,
+        onednn=config.cpu_onednn is not False,
     )
     choice = Choice(target)
     for path in FAST_PATHS:

@@ -38,6 +38,8 @@ class Target:
     huge_pages: bool = True
     # The CPU's C forward may keep float32 weights in a smaller exact form: engine.cpu_exact_packing, likewise.
     exact_packing: bool = True
+    # Its many-row products may go through oneDNN (engine/runner/cpu/onednn.py): engine.cpu_onednn.
+    onednn: bool = True
 
 
 class DecodePath(Protocol):

@@ -85,7 +85,17 @@ typedef struct {
     const float *s, *b;
     int bits, group, exact;
     const float *f32; /* an exact packing's float32 weights, for sgemm: the float32 path's very call */
+    void *onednn;     /* the float32 weights packed for oneDNN's matmul (onednn.c), or NULL */
 } mat_t;
+
+/* onednn.c's entry points (configure_onednn), NULL where the forward's many-row products go to sgemm. */
+typedef int (*onednn_ready_t)(void *weight, int rows);
+typedef int (*onednn_blocks_t)(void *weight);
+typedef int (*onednn_rows_t)(void *weight, int block, const float *x, float *y, int rows);
+static onednn_ready_t g_onednn_ready;
+static onednn_blocks_t g_onednn_blocks;
+static onednn_rows_t g_onednn_rows;
+static void *const *g_onednn; /* per weight of the forward's list: its packed copy, or NULL */
 
 /* Weight `i` of the forward's list: four pointers (data; scales and biases, or NULL; the float32 weights
    an exact packing holds, or NULL) and two formats (bits, group) each; bits below 0 mark an exact
@@ -93,7 +103,7 @@ typedef struct {
 static mat_t weight_at(const void *const *weights, const int32_t *formats, size_t i) {
     const int bits = formats[2 * i];
     mat_t m = {weights[4 * i],      weights[4 * i + 1], weights[4 * i + 2], bits < 0 ? -bits : bits,
-               formats[2 * i + 1], bits < 0,           weights[4 * i + 3]};
+               formats[2 * i + 1], bits < 0,           weights[4 * i + 3], g_onednn ? g_onednn[i] : NULL};
     return m;
 }
 
@@ -109,6 +119,13 @@ void configure(sgemm_t sgemm, sgemv_t sgemv, int threads, int direct_min, int di
     g_threads = threads < 1 ? 1 : threads > WORKERS ? WORKERS : threads;
     g_direct_min = direct_min < 1 ? 1 : direct_min;
     g_direct_rows = direct_rows < 0 ? 0 : direct_rows > MAX_DIRECT ? MAX_DIRECT : direct_rows;
+}
+
+/* Called after configure where the float32 weights have oneDNN copies (onednn.py): the entry points and
+   one pointer per weight of the forward's list (NULL: sgemm); NULL entry points turn it off. */
+void configure_onednn(onednn_ready_t ready, onednn_blocks_t blocks, onednn_rows_t rows, void *const *weights) {
+    g_onednn_ready = ready, g_onednn_blocks = blocks, g_onednn_rows = rows;
+    g_onednn = ready && blocks && rows ? weights : NULL;
 }
 
 static inline int direct(int rows) { return rows >= g_direct_min && rows <= g_direct_rows; }

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from engine.platform.blas import blas_state, default_blas_threads
 from engine.platform.paths import cache_dir
-from engine.runner.cpu import exact_pack, huge_pages
+from engine.runner.cpu import exact_pack, huge_pages, onednn
 from engine.runner.cpu.cpu_decode_probe import probe_refusal
 from engine.runner.cpu.direct_rows import measure_direct_rows
 from engine.runner.cpu.matrix import Matrix
@@ -145,6 +145,10 @@ class CpuDecode:
         self.weight_packing = "off"
         self.blas = blas
         lib.configure.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 3
+        lib.configure_onednn.argtypes = [ctypes.c_void_p] * 4
+        # Many-row products through oneDNN (onednn.py), where attach_onednn kept it.
+        self.onednn: onednn.OneDnn | None = None
+        self.prefill_matmul = "sgemm"
         self._measure_direct_rows()
         # Greedy rows screen a float32 head through its bfloat16 copy (cpu_greedy.h); None: a quantized
         # or packed head (exact_pack.py), which the kernel reads whole, in fewer bytes than the copy.
@@ -210,6 +214,14 @@ class CpuDecode:
         call sets this instance's."""
         blas = self.blas
         self._lib.configure(blas.sgemm, blas.sgemv, blas.threads, self.direct_min, self.direct_rows)
+        if self.onednn is None:
+            self._lib.configure_onednn(None, None, None, None)
+        else:
+            self._lib.configure_onednn(*self.onednn.entry_points, self.onednn.handles)
+
+    def attach_onednn(self) -> None:
+        """Many-row products through oneDNN from now on, where onednn.choose keeps it."""
+        self.onednn, self.prefill_matmul = onednn.choose(self)
 
     def scratch_forward(self, rows: int) -> Callable[[int], float]:
         """A timer of whole forwards of `rows` rows on scratch pools (one block per row, each row at
@@ -393,6 +405,10 @@ class CForwardDecode:
             decode.weight_packing = "off (no layer weight is held exactly by bfloat16 or 4-bit groups)"
         else:
             decode.weight_packing = "off (engine.cpu_exact_packing is false)"
+        if target.onednn:
+            decode.attach_onednn()
+        else:
+            decode.prefill_matmul = "sgemm (engine.cpu_onednn is false)"
         refusal = probe_refusal(decode, model, storage)
         return (None, refusal) if refusal else (decode, None)
 

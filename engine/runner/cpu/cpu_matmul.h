@@ -152,6 +152,41 @@ static void qgemm_tiles(const float *x, mat_t m, float *y, int rows, int out, in
     }
 }
 
+#define ONEDNN_ROWS 256 /* the most rows of one oneDNN call: onednn.c's MAX_ROWS */
+
+typedef struct {
+    void *w;
+    const float *x;
+    float *y;
+    int rows, per, row_blocks, in, out;
+    atomic_int failed;
+} onednn_job_t;
+
+/* Item i: channel block i / row_blocks of the weight against row block i % row_blocks, so each
+   worker's share of the items (a range) covers its own channel blocks. */
+static void onednn_item(void *ctx, int i, int worker) {
+    (void)worker;
+    onednn_job_t *job = ctx;
+    const int r0 = i % job->row_blocks * job->per, n = job->rows - r0 < job->per ? job->rows - r0 : job->per;
+    if (g_onednn_rows(job->w, i / job->row_blocks, job->x + (size_t)r0 * job->in, job->y + (size_t)r0 * job->out, n))
+        atomic_store(&job->failed, 1);
+}
+
+/* y = x @ w.T for many rows through oneDNN (onednn.c): (row block, channel block) items of the pool,
+   at least two a worker, each one call on one thread over the weight packed at load. Returns 0 where
+   oneDNN has no primitive for the blocks' row counts, or a call failed: the caller runs sgemm then. */
+static int onednn_linear(void *w, const float *x, float *y, int rows, int out, int in) {
+    const int blocks = g_onednn_blocks(w);
+    int row_blocks = (rows + ONEDNN_ROWS - 1) / ONEDNN_ROWS;
+    while (row_blocks * blocks < 2 * g_threads && rows / (row_blocks + 1) >= 16) row_blocks++;
+    const int per = (rows + row_blocks - 1) / row_blocks;
+    row_blocks = (rows + per - 1) / per;
+    if (!g_onednn_ready(w, per) || !g_onednn_ready(w, rows - (row_blocks - 1) * per)) return 0;
+    onednn_job_t job = {w, x, y, rows, per, row_blocks, in, out, 0};
+    parallel_for(row_blocks * blocks, onednn_item, &job);
+    return !atomic_load(&job.failed);
+}
+
 /* Scratch of one matmul: the tile of dequantized weights and the rows' group sums. */
 typedef struct {
     float *tile, *xsum;
@@ -159,6 +194,7 @@ typedef struct {
 
 /* y = x @ w.T, w (out, in) as nn.Linear keeps it (or its quantized form) */
 static void linear(mat_t w, const float *x, float *y, int rows, int out, int in, mm_scratch_t sc) {
+    if (w.onednn && rows > 1 && !direct(rows) && onednn_linear(w.onednn, x, y, rows, out, in)) return;
     if (!direct(rows)) atomic_store(&pool.blas, 1); /* the helper sleeps through OpenBLAS's call */
     if (w.bits == 0 || (w.f32 && !direct(rows))) {
         const float *wf = w.bits ? w.f32 : (const float *)w.w;
@@ -203,6 +239,7 @@ int matmul(const void *const *weight, const int32_t *format, const float *x, flo
            int in, int mode) {
     if (mode == 0 && rows > MAX_DIRECT) return -1;
     mat_t w = weight_at(weight, format, 0);
+    w.onednn = NULL; /* g_onednn indexes the forward's list, not this one */
     float *tile = malloc(sizeof(float) * ((size_t)TILE * in + (size_t)MAX_DIRECT * in / 32));
     if (!tile) return -1;
     mm_scratch_t sc = {tile, tile + (size_t)TILE * in};
