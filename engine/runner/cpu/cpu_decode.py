@@ -223,6 +223,17 @@ class CpuDecode:
         """Many-row products through oneDNN from now on, where onednn.choose keeps it."""
         self.onednn, self.prefill_matmul = onednn.choose(self)
 
+    @property
+    def matrices(self) -> list[Matrix]:
+        """The weights the kernel reads, in the forward's order."""
+        return self._matrices
+
+    def chunk_logits(self, rows: int) -> np.ndarray:
+        """Every row's logits of a forward of `rows` rows on scratch pools (each row at position 0 of its
+        own), tokens spread over the vocabulary."""
+        inputs = self._scratch(rows, tokens=(np.arange(rows, dtype=np.int32) * 7919) % self.vocab)
+        return self(*inputs, np.arange(rows, dtype=np.int32))
+
     def scratch_forward(self, rows: int) -> Callable[[int], float]:
         """A timer of whole forwards of `rows` rows on scratch pools (one block per row, each row at
         position 0 of its own: the matmuls are the work), for the load-time measurement and

@@ -49,7 +49,7 @@ static dnnl_engine_t engine;
 static shape_t shapes[MAX_SHAPES];
 static int n_shapes;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static atomic_long calls;
+static atomic_long calls, live;
 
 static __thread int single;           /* omp_set_num_threads(1) done on this thread */
 static __thread dnnl_stream_t stream; /* this thread's */
@@ -144,10 +144,22 @@ void *onednn_weight(const float *w, int out, int in, char *impl) {
     if (!ok && wt)
         for (int b = 0; b < wt->n_blocks && b < MAX_BLOCKS; b++) dnnl_memory_destroy(wt->packed[b]);
     if (!ok) free(wt), wt = NULL;
+    if (wt) atomic_fetch_add(&live, 1);
     return wt;
 }
 
 int onednn_blocks(void *weight) { return ((weight_t *)weight)->n_blocks; }
+
+/* Frees a weight's packed blocks (its engine is gone; the shapes' primitives stay for the next). */
+void onednn_free(void *weight) {
+    weight_t *wt = weight;
+    for (int b = 0; b < wt->n_blocks; b++) dnnl_memory_destroy(wt->packed[b]);
+    free(wt);
+    atomic_fetch_sub(&live, 1);
+}
+
+/* Packed weights not freed yet, in this process. */
+long onednn_live(void) { return atomic_load(&live); }
 
 /* The primitive for `rows` rows of `shape`, created at first use; NULL where oneDNN has none that
    reads the packed layout. */

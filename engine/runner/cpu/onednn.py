@@ -21,19 +21,17 @@ import os
 import shutil
 import subprocess
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from engine.platform.paths import cache_dir
 from engine.runner.cpu import exact_pack
 from engine.runner.cpu.matrix import Matrix
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from engine.runner.cpu.cpu_decode import CpuDecode
 
 logger = logging.getLogger(__name__)
 
@@ -53,12 +51,15 @@ LOGIT_TOLERANCE = 1e-3
 @dataclass
 class OneDnn:
     """The built shim and the packed copies of one forward's weights (one pointer per weight of the
-    forward's list, None where it has none)."""
+    forward's list, None where it has none), freed with this object."""
 
     lib: ctypes.CDLL
     handles: ctypes.Array
     impl: str  # the kernel oneDNN picked and its instructions, e.g. "brg:avx512_core for avx512_core_vnni"
     nbytes: int
+
+    def __post_init__(self) -> None:
+        weakref.finalize(self, _free, self.lib, list(filter(None, self.handles)))
 
     @property
     def entry_points(self) -> tuple[int, int, int]:
@@ -114,6 +115,11 @@ def _floats(matrix: Matrix) -> np.ndarray | None:
     return floats if floats is not None and floats.ndim == 2 else None
 
 
+def _free(lib: ctypes.CDLL, handles: list[int]) -> None:
+    for handle in handles:
+        lib.onednn_free(handle)
+
+
 def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
@@ -163,6 +169,7 @@ def _load() -> ctypes.CDLL | None:
     lib.onednn_bytes.restype = ctypes.c_size_t
     lib.onednn_bytes.argtypes = [ctypes.c_void_p]
     lib.onednn_isa.restype = ctypes.c_char_p
+    lib.onednn_free.argtypes = [ctypes.c_void_p]
     return lib
 
 
@@ -170,13 +177,27 @@ def _key(command: list[str]) -> str:
     return hashlib.sha256(_SOURCE.read_bytes() + " ".join(command).encode()).hexdigest()[:16]
 
 
-def choose(decode: CpuDecode) -> tuple[OneDnn | None, str]:
+class Forward(Protocol):
+    """What `choose` needs of the C forward (engine/runner/cpu/cpu_decode.py's CpuDecode)."""
+
+    onednn: OneDnn | None  # the copies its many-row products read, or None: sgemm
+    direct_rows: int
+
+    @property
+    def matrices(self) -> list[Matrix]: ...
+
+    def chunk_logits(self, rows: int) -> np.ndarray: ...
+
+    def scratch_forward(self, rows: int) -> Callable[[int], float]: ...
+
+
+def choose(decode: Forward) -> tuple[OneDnn | None, str]:
     """oneDNN's copies of `decode`'s weights where forwards through them give sgemm's tokens (logits
     within float32 rounding) and are faster here, else None; and what the status says of it."""
     if reason := unavailable():
         return None, f"sgemm ({reason})"
     began = time.perf_counter()
-    packed = pack(decode._matrices)
+    packed = pack(decode.matrices)
     if isinstance(packed, str):
         return None, f"sgemm ({packed})"
     if not _agrees(decode, packed):
@@ -198,21 +219,19 @@ def choose(decode: CpuDecode) -> tuple[OneDnn | None, str]:
     return kept, text
 
 
-def _agrees(decode: CpuDecode, packed: OneDnn) -> bool:
+def _agrees(decode: Forward, packed: OneDnn) -> bool:
     """Whether a forward of a few blocks' rows (scratch pools) gives close_logits both ways."""
     rows = 67  # two row blocks a product: rows past the own matmuls' 32, uneven
-    inputs = decode._scratch(rows, tokens=(np.arange(rows, dtype=np.int32) * 7919) % decode.vocab)
-    every = np.arange(rows, dtype=np.int32)
     decode.onednn = None
-    sgemm = decode(*inputs, every)
+    sgemm = decode.chunk_logits(rows)
     decode.onednn = packed
     try:
-        return close_logits(sgemm, decode(*inputs, every))
+        return close_logits(sgemm, decode.chunk_logits(rows))
     finally:
         decode.onednn = None
 
 
-def _timer(decode: CpuDecode, rows: int) -> Callable[[], float]:
+def _timer(decode: Forward, rows: int) -> Callable[[], float]:
     forward = decode.scratch_forward(rows)
     return lambda: forward(decode.direct_rows)
 

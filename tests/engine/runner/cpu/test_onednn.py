@@ -4,6 +4,7 @@ oneDNN's calls (counted); the load-time decision keeps it only where it is as cl
 missing install or `engine.cpu_onednn: false` leaves sgemm, saying why."""
 
 import ctypes
+import gc
 import os
 import subprocess
 import sys
@@ -26,12 +27,6 @@ def built(model, use_onednn: bool = True) -> CpuDecode:
     decode = CForwardDecode().build(target, {})[0]
     assert decode is not None, "the load probe accepted the model"
     return decode
-
-
-def chunk_logits(decode: CpuDecode, rows: int) -> np.ndarray:
-    """Every row's logits of a forward of `rows` rows on scratch pools."""
-    inputs = decode._scratch(rows, tokens=(np.arange(rows, dtype=np.int32) * 31) % decode.vocab)
-    return decode(*inputs, np.arange(rows, dtype=np.int32))
 
 
 def calls(decode: CpuDecode) -> int:
@@ -59,20 +54,33 @@ ROWS = (MAX_DIRECT + 1, 50, 64, 65, 129, 300)
 def test_every_row_split_gives_sgemms_tokens_through_onednn_calls():
     model = tiny_llama(hidden_size=128, intermediate_size=320, vocab_size=300)
     decode = built(model)
-    packed = decode.onednn or onednn.pack(decode._matrices)  # this machine may have timed sgemm faster
+    packed = decode.onednn or onednn.pack(decode.matrices)  # this machine may have timed sgemm faster
     assert isinstance(packed, onednn.OneDnn) and packed.nbytes >= sum(
-        m.arrays[0].nbytes for m in decode._matrices[3:] if m.bits == 0
+        m.arrays[0].nbytes for m in decode.matrices[3:] if m.bits == 0
     )
     for rows in ROWS:
         decode.onednn = None
-        sgemm = chunk_logits(decode, rows)
+        sgemm = decode.chunk_logits(rows)
         decode.onednn = packed
         before = calls(decode)
-        through = chunk_logits(decode, rows)
+        through = decode.chunk_logits(rows)
         assert calls(decode) - before == sum(
             items(packed, h, rows, decode.blas.threads) for h in packed.handles if h
         )
         assert onednn.close_logits(sgemm, through), rows
+
+
+def test_packed_copies_are_freed_with_their_forward():
+    decode = built(tiny_llama())
+    packed = onednn.pack(decode.matrices)
+    assert isinstance(packed, onednn.OneDnn)
+    lib, count = packed.lib, sum(1 for h in packed.handles if h)
+    lib.onednn_live.restype = ctypes.c_long
+    before = lib.onednn_live()
+    del packed
+    gc.collect()
+    assert lib.onednn_live() == before - count
+    assert count == 7 * len(decode.matrices[3:]) // 9  # seven products a layer (nine weights)
 
 
 def test_the_status_says_which_product_the_forward_takes():
@@ -139,15 +147,15 @@ def test_older_cpus_kernels_give_the_same_tokens(limit, isa):
     limit once."""
     script = (
         "import engine\n"
-        "from tests.engine.runner.cpu.test_onednn import built, chunk_logits, tiny_llama\n"
+        "from tests.engine.runner.cpu.test_onednn import built, tiny_llama\n"
         "from engine.runner.cpu import onednn\n"
         "decode = built(tiny_llama(hidden_size=128, intermediate_size=320))\n"
-        "packed = decode.onednn or onednn.pack(decode._matrices)\n"
+        "packed = decode.onednn or onednn.pack(decode.matrices)\n"
         "assert isinstance(packed, onednn.OneDnn), packed\n"
         "decode.onednn = None\n"
-        "sgemm = chunk_logits(decode, 129)\n"
+        "sgemm = decode.chunk_logits(129)\n"
         "decode.onednn = packed\n"
-        "assert onednn.close_logits(sgemm, chunk_logits(decode, 129))\n"
+        "assert onednn.close_logits(sgemm, decode.chunk_logits(129))\n"
         "print(packed.impl)\n"
     )
     env = os.environ | {"ONEDNN_MAX_CPU_ISA": limit}
