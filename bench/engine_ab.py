@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
+import platform
 import statistics
 import time
+from pathlib import Path
 
 from engine.llm_engine import LLMEngine
 from engine.messages import GenerateRequest, SamplingParams
@@ -118,3 +121,20 @@ def closed_loop_report(engines: dict[str, LLMEngine], args: argparse.Namespace, 
     print(f"\n{args.closed_loop} clients in a closed loop, output tok/s by round\n")
     table([*engines, ratio], closed_rows(runs, list(engines)))
     return runs
+
+
+def compare(
+    engines: dict[str, LLMEngine], args: argparse.Namespace, note: str, ratios: tuple[str, str], extra: dict
+) -> None:
+    """The two engines alternating (per stream count, then `--closed-loop`): prints the tables under
+    the model, the machine and `note`, titling the medians' ratios `ratios` (streams, closed loop), and
+    writes `--out` with `extra`."""
+    modes, streams = list(engines), [int(n) for n in args.streams.split(",")]
+    runs = alternate(engines, streams, args.tokens, args.rounds)
+    machine = f"{platform.processor() or platform.machine()}, {platform.system()}"
+    print(f"\n{args.model} on {machine}; {note}\n")
+    table(["streams", "measure", *modes, ratios[0], "same tokens"], rows(runs, modes, streams))
+    closed = closed_loop_report(engines, args, ratios[1])
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    result = {"args": vars(args), "machine": machine, **extra, "runs": runs, "closed_loop": closed}
+    Path(args.out).write_text(json.dumps(result, indent=1))

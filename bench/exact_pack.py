@@ -19,15 +19,11 @@ from pathlib import Path
 # Run as a script, this file's folder would come first on sys.path and shadow the `engine` package.
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-import json
-import platform
-
 import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 
-from bench.engine_ab import alternate, arguments, closed_loop_report, rows
-from bench.gpu import table
+from bench.engine_ab import arguments, compare
 
 MODES = ("packed", "float32")
 
@@ -43,19 +39,10 @@ def main() -> None:
         mode: LLMEngine(EngineConfig(model=args.model, cpu_exact_packing=mode == "packed")) for mode in MODES
     }
     read = {mode: layer_bytes(llm) / 2**20 for mode, llm in engines.items()}
-    streams = [int(n) for n in args.streams.split(",")]
-    runs = alternate(engines, streams, args.tokens, args.rounds)
-    machine = f"{platform.processor() or platform.machine()}, {platform.system()}"
-    print(f"\n{args.model} on {machine}; layer weights read {read['packed']:.0f} MB packed, "
-          f"{read['float32']:.0f} MB as float32; rounds in order\n")  # fmt: skip
-    table(
-        ["streams", "measure", *MODES, "float32 / packed (medians)", "same tokens"],
-        rows(runs, list(MODES), streams),
+    note = f"layer weights read {read['packed']:.0f} MB packed, {read['float32']:.0f} MB as float32; rounds in order"
+    compare(
+        engines, args, note, ("float32 / packed (medians)", "packed / float32 (medians)"), {"layer_mb": read}
     )
-    closed = closed_loop_report(engines, args, "packed / float32 (medians)")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    result = {"args": vars(args), "machine": machine, "layer_mb": read, "runs": runs, "closed_loop": closed}
-    Path(args.out).write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

@@ -19,17 +19,13 @@ from pathlib import Path
 # Run as a script, this file's folder would come first on sys.path and shadow the `engine` package.
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-import json
 import os
-import platform
 
 import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 
-from bench.engine_ab import alternate, arguments, closed_loop_report
-from bench.engine_ab import rows as ab_rows
-from bench.gpu import table
+from bench.engine_ab import arguments, compare
 
 MODES = ("huge pages", "as loaded")
 
@@ -48,18 +44,9 @@ def main() -> None:
     engines = {"huge pages": LLMEngine(EngineConfig(model=args.model, cpu_huge_pages=True))}
     huge_mb = (huge_bytes() - before) / 2**20
     engines["as loaded"] = LLMEngine(EngineConfig(model=args.model, cpu_huge_pages=False))
-    streams = [int(n) for n in args.streams.split(",")]
-    runs = alternate(engines, streams, args.tokens, args.rounds)
-    rows = ab_rows(runs, list(MODES), streams)
-    machine = f"{platform.processor() or platform.machine()}, {platform.system()}"
-    print(
-        f"\n{args.model} on {machine}; the first engine put {huge_mb:.0f} MB on 2 MB pages; rounds in order\n"
-    )
-    table(["streams", "measure", *MODES, "as loaded / huge pages (medians)", "same tokens"], rows)
-    closed = closed_loop_report(engines, args, "huge pages / as loaded (medians)")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    result = {"args": vars(args), "machine": machine, "huge_mb": huge_mb, "runs": runs, "closed_loop": closed}
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    note = f"the first engine put {huge_mb:.0f} MB on 2 MB pages; rounds in order"
+    ratios = ("as loaded / huge pages (medians)", "huge pages / as loaded (medians)")
+    compare(engines, args, note, ratios, {"huge_mb": huge_mb})
 
 
 if __name__ == "__main__":

@@ -19,15 +19,11 @@ from pathlib import Path
 # Run as a script, this file's folder would come first on sys.path and shadow the `engine` package.
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-import json
-import platform
-
 import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 
-from bench.engine_ab import alternate, arguments, closed_loop_report, rows
-from bench.gpu import table
+from bench.engine_ab import arguments, compare
 
 MODES = ("onednn", "sgemm")
 
@@ -36,21 +32,10 @@ def main() -> None:
     args = arguments(__doc__.splitlines()[0], "bench/results/onednn.json")
     engines = {mode: LLMEngine(EngineConfig(model=args.model, cpu_onednn=mode == "onednn")) for mode in MODES}
     decided = {mode: llm.stats().compute.prefill_matmul for mode, llm in engines.items()}
-    streams = [int(n) for n in args.streams.split(",")]
-    runs = alternate(engines, streams, args.tokens, args.rounds)
-    machine = f"{platform.processor() or platform.machine()}, {platform.system()}"
-    print(f"\n{args.model} on {machine}; rounds in order")
-    for mode, text in decided.items():
-        print(f"  {mode}: {text}")
-    print()
-    table(
-        ["streams", "measure", *MODES, "sgemm / oneDNN (medians)", "same tokens"],
-        rows(runs, list(MODES), streams),
+    note = "rounds in order" + "".join(f"\n  {mode}: {text}" for mode, text in decided.items())
+    compare(
+        engines, args, note, ("sgemm / oneDNN (medians)", "oneDNN / sgemm (medians)"), {"decided": decided}
     )
-    closed = closed_loop_report(engines, args, "oneDNN / sgemm (medians)")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    result = {"args": vars(args), "machine": machine, "decided": decided, "runs": runs, "closed_loop": closed}
-    Path(args.out).write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

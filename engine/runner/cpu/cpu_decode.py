@@ -22,16 +22,13 @@ import hashlib
 import logging
 import os
 import platform
-import shutil
-import subprocess
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine.platform.blas import blas_state, default_blas_threads
-from engine.platform.paths import cache_dir
-from engine.runner.cpu import exact_pack, huge_pages, onednn
+from engine.runner.cpu import exact_pack, huge_pages, native_build, onednn
 from engine.runner.cpu.cpu_decode_probe import probe_refusal
 from engine.runner.cpu.direct_rows import measure_direct_rows
 from engine.runner.cpu.matrix import Matrix
@@ -46,7 +43,6 @@ from mlx import nn
 logger = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("cpu_decode.c")  # includes the cpu_*.h beside it
-_ENV_CC = "CC"
 # The CPU the kernel is built for: this one by default; e.g. x86-64 (SSE2 only) builds the portable loops
 # that a machine without AVX2 runs, which is how the tests check them on any machine.
 _ENV_MARCH = "MLX_RAY_SERVE_KERNEL_MARCH"
@@ -191,11 +187,10 @@ class CpuDecode:
         half of exact_pack.py's proof, covering the own matmuls and sgemm alike."""
         mine = self._matrices
         for n in rows:
-            inputs = self._scratch(n, tokens=(np.arange(n, dtype=np.int32) * 7919) % self.vocab)
-            first = self(*inputs, np.arange(n, dtype=np.int32))
+            first = self.chunk_logits(n)
             self._use(weights)
             try:
-                second = self(*inputs, np.arange(n, dtype=np.int32))
+                second = self.chunk_logits(n)
             finally:
                 self._use(mine)
             if not np.array_equal(first.view(np.uint32), second.view(np.uint32)):
@@ -546,41 +541,23 @@ def _projections(layer: nn.Module) -> tuple[nn.Module, ...]:
 
 def _build(sizes: dict[str, int | str]) -> Path | None:
     """The kernel built for `sizes` with this machine's compiler and CPU; built once, then cached."""
-    compiler = os.environ.get(_ENV_CC) or shutil.which("cc") or shutil.which("gcc")
+    compiler = native_build.compiler()
     if compiler is None:
         logger.info("no C compiler: decode steps run through MLX")
         return None
     flags = ["-O3", f"-march={os.environ.get(_ENV_MARCH) or 'native'}", "-ffast-math", "-shared", "-fPIC"]
     flags += [f"-D{name}={value}" for name, value in sizes.items()]
-    return _compiled(compiler, [*flags, "-pthread"])
+    flags.append("-pthread")
+    key = build_key(compiler, flags)
+    return native_build.compiled(
+        "cpu_decode", key, [compiler, *flags, str(_SOURCE)], ["-lm"], "decode runs through MLX"
+    )
 
 
 def build_key(compiler: str, flags: list[str]) -> str:
     """What names a build in the cache: the source with every header it includes, the command and the CPU."""
     source = b"".join(p.read_bytes() for p in [_SOURCE, *sorted(_SOURCE.parent.glob("cpu_*.h"))])
     return hashlib.sha256(source + " ".join([compiler, *flags, _cpu_id()]).encode()).hexdigest()[:16]
-
-
-def _compiled(compiler: str, flags: list[str]) -> Path | None:
-    key = build_key(compiler, flags)
-    target = cache_dir() / "kernels" / f"cpu_decode-{key}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(f".tmp{os.getpid()}")
-    try:
-        subprocess.run(
-            [compiler, *flags, str(_SOURCE), "-o", str(tmp), "-lm"], check=True, capture_output=True
-        )
-        tmp.replace(target)  # atomic: a concurrent build of the same key writes the same bytes
-    except (OSError, subprocess.CalledProcessError) as exc:
-        detail = getattr(exc, "stderr", b"") or b""
-        logger.warning(
-            "C decode kernel not built, decode runs through MLX: %s %s", exc, detail.decode()[-500:]
-        )
-        tmp.unlink(missing_ok=True)
-        return None
-    return target
 
 
 def _cpu_id() -> str:

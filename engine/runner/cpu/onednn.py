@@ -17,9 +17,6 @@ import ctypes
 import hashlib
 import importlib.metadata
 import logging
-import os
-import shutil
-import subprocess
 import time
 import weakref
 from collections.abc import Callable
@@ -27,8 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from engine.platform.paths import cache_dir
-from engine.runner.cpu import exact_pack
+from engine.runner.cpu import exact_pack, native_build
 from engine.runner.cpu.matrix import Matrix
 
 import numpy as np
@@ -75,7 +71,7 @@ def unavailable() -> str | None:
         return f"oneDNN is not installed (pip install {_RUNTIME} {_HEADERS})"
     if _include_dir() is None:
         return f"oneDNN's headers are not installed (pip install {_HEADERS})"
-    if _compiler() is None:
+    if native_build.compiler() is None:
         return "no C compiler"
     return None
 
@@ -120,10 +116,6 @@ def _free(lib: ctypes.CDLL, handles: list[int]) -> None:
         lib.onednn_free(handle)
 
 
-def _compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-
-
 def _files(distribution: str) -> list[Path]:
     try:
         files = importlib.metadata.files(distribution) or []
@@ -143,26 +135,17 @@ def _include_dir() -> Path | None:
 
 def _load() -> ctypes.CDLL | None:
     """The shim, built once per source, oneDNN and compiler into the cache; None where it cannot be."""
-    library, include, compiler = _library_path(), _include_dir(), _compiler()
+    library, include, compiler = _library_path(), _include_dir(), native_build.compiler()
     if library is None or include is None or compiler is None:
         return None
     flags = ["-O2", "-shared", "-fPIC", "-pthread", f"-I{include}"]
     links = [str(library), "-lgomp", f"-Wl,-rpath,{library.parent}"]
     key = _key([compiler, *flags, *links])
-    target = cache_dir() / "kernels" / f"onednn-{key}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(f".tmp{os.getpid()}")
-        try:
-            subprocess.run(
-                [compiler, *flags, str(_SOURCE), "-o", str(tmp), *links], check=True, capture_output=True
-            )
-            tmp.replace(target)
-        except (OSError, subprocess.CalledProcessError) as exc:
-            detail = (getattr(exc, "stderr", b"") or b"").decode()[-500:]
-            logger.warning("oneDNN shim not built, prefill products stay sgemm's: %s %s", exc, detail)
-            tmp.unlink(missing_ok=True)
-            return None
+    target = native_build.compiled(
+        "onednn", key, [compiler, *flags, str(_SOURCE)], links, "products stay sgemm's"
+    )
+    if target is None:
+        return None
     lib = ctypes.CDLL(str(target))
     lib.onednn_weight.restype = ctypes.c_void_p
     lib.onednn_weight.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_char_p]
