@@ -21,10 +21,10 @@
    HD * KV_BITS / 32) uint32, and scales and biases (KVH, NB, BS, HD / KV_GROUP) float; a new K/V
    vector is quantized as mx.quantize does it, and attention dequantizes each block it reads.
 
-   One translation unit in seven files: this one (sizes, settings, the forward), cpu_pool.h (the helper
+   One translation unit in eight files: this one (sizes, settings, the forward), cpu_pool.h (the helper
    thread), cpu_tiles.h (vector kernels), cpu_pack.h (float32 weights kept in fewer bytes, exactly),
-   cpu_matmul.h (the matmuls), cpu_kv.h (the pools, attention) and cpu_greedy.h (greedy rows' tokens
-   through a screened head). */
+   cpu_matmul.h (the matmuls), cpu_kv.h (the pools), cpu_attention.h (attention over them) and
+   cpu_greedy.h (greedy rows' tokens through a screened head). */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -135,6 +135,7 @@ static inline int direct(int rows) { return rows >= g_direct_min && rows <= g_di
 #include "cpu_pack.h"
 #include "cpu_matmul.h"
 #include "cpu_kv.h"
+#include "cpu_attention.h"
 #include "cpu_greedy.h"
 
 static void rms_norm(const float *x, const float *w, float *y, int rows) {

@@ -31,7 +31,7 @@ from engine.platform.blas import blas_state, default_blas_threads
 from engine.runner.cpu import exact_pack, huge_pages, native_build, onednn
 from engine.runner.cpu.cpu_decode_probe import probe_refusal
 from engine.runner.cpu.direct_rows import measure_direct_rows
-from engine.runner.cpu.matrix import Matrix
+from engine.runner.cpu.matrix import Matrix, shapes_of
 from engine.runner.fast_path import Target, cache_refusal, quantized_kv_refusal
 from engine.runner.kv_quant import group_size
 from engine.runner.kv_storage import KVStorage
@@ -51,6 +51,9 @@ _WEIGHT_BITS = (8, 4)  # the quantized weights it reads (MLX's affine mode)
 _WEIGHT_GROUPS = (32, 64, 128)
 MAX_DIRECT = 32  # cpu_decode.c's MAX_DIRECT: the most rows one direct quantized matmul takes
 SCREEN_ROWS = 3  # cpu_greedy.h's SCREEN_ROWS: the most greedy rows whose head one call screens
+# measure_direct_rows' answers in this process by the build, the weights' shapes and formats and the
+# threads: a second forward of one shape (a reload, the test suite's many engines) reuses them.
+_DIRECT_ROWS: dict[tuple, tuple[int, int]] = {}
 
 
 @dataclass(frozen=True)
@@ -174,8 +177,11 @@ class CpuDecode:
     def _measure_direct_rows(self) -> None:
         """The row counts whose forwards are faster with the own matmuls, on this machine, for the
         weights in use."""
-        self.direct_min, self.direct_rows = 1, MAX_DIRECT
-        self.direct_min, self.direct_rows = measure_direct_rows(self.scratch_forward, MAX_DIRECT)
+        key = (self.build, shapes_of(self._matrices), self.threads)
+        if key not in _DIRECT_ROWS:  # a second forward of one shape in this process reuses the first's
+            self.direct_min, self.direct_rows = 1, MAX_DIRECT
+            _DIRECT_ROWS[key] = measure_direct_rows(self.scratch_forward, MAX_DIRECT)
+        self.direct_min, self.direct_rows = _DIRECT_ROWS[key]
         if any(m.exact for m in self._matrices):
             # One row through the own matmuls too (not sgemv): the packed weights' expansion feeds the
             # float32 tile code, and same_logits compares the two at the settings served.
@@ -213,6 +219,16 @@ class CpuDecode:
             self._lib.configure_onednn(None, None, None, None)
         else:
             self._lib.configure_onednn(*self.onednn.entry_points, self.onednn.handles)
+
+    @property
+    def threads(self) -> int:
+        """The threads of the forward's loops (and OpenBLAS's)."""
+        return self.blas.threads
+
+    @property
+    def build(self) -> str:
+        """The kernel's library file: its name is the build's key (source, flags, CPU)."""
+        return Path(self._lib._name).name
 
     def attach_onednn(self) -> None:
         """Many-row products through oneDNN from now on, where onednn.choose keeps it."""

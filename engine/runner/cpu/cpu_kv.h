@@ -1,5 +1,5 @@
-/* The C forward's paged K/V pools: writing a row's K/V (quantized as mx.quantize does, with KV_BITS),
-   reading blocks back, and one query head's attention over its sequence's blocks.
+/* The C forward's paged K/V pools: writing a row's K/V (quantized as mx.quantize does, with KV_BITS)
+   and reading blocks back (cpu_attention.h attends over them).
    Included once, by cpu_decode.c: one translation unit, whose macros (the model's sizes, SIMD_*) it uses. */
 #pragma once
 
@@ -90,6 +90,16 @@ static const float *block_rows(side_t side, int32_t block, int n, float *buf) {
 #endif
 }
 
+/* Slot `slot`'s row of a pool into cache: attention spreads the next block's over the current one's
+   positions (a block's 128 lines at once stall on the cache's fill buffers). */
+static inline void prefetch_row(side_t side, size_t slot) {
+    const char *row = (const char *)((const float *)side.data + slot * ROW);
+    for (int c = 0; c < ROW * 4; c += 64) __builtin_prefetch(row + c);
+#if KV_BITS
+    __builtin_prefetch(side.scales + slot * GROUPS), __builtin_prefetch(side.biases + slot * GROUPS);
+#endif
+}
+
 static void prefetch_block(side_t side, int32_t block) {
     const char *rows = (const char *)((const float *)side.data + (size_t)block * BS * ROW);
     for (int c = 0; c < BS * ROW * 4; c += 64) __builtin_prefetch(rows + c);
@@ -98,43 +108,6 @@ static void prefetch_block(side_t side, int32_t block) {
     const char *bi = (const char *)(side.biases + (size_t)block * BS * GROUPS);
     for (int c = 0; c < BS * GROUPS * 4; c += 64) __builtin_prefetch(sc + c), __builtin_prefetch(bi + c);
 #endif
-}
-
-static void attend(const float *q, side_t kp, side_t vp, const int32_t *table, int len, float *out,
-                   float scale, float *scratch) {
-    /* REP query heads of one K/V head over its len tokens, block by block with an online softmax;
-       scratch: 2 * BS * HD floats for a quantized block's dequantized rows */
-    float qs[REP][HD], acc[REP][HD], m[REP], l[REP], s[REP][BS];
-    for (int r = 0; r < REP; r++) {
-        for (int d = 0; d < HD; d++) qs[r][d] = q[r * HD + d] * scale, acc[r][d] = 0.f;
-        m[r] = -FLT_MAX, l[r] = 0.f;
-    }
-    int num_blocks = (len + BS - 1) / BS;
-    for (int j = 0; j < num_blocks; j++) {
-        if (j + 1 < num_blocks) prefetch_block(kp, table[j + 1]), prefetch_block(vp, table[j + 1]);
-        int n = len - j * BS < BS ? len - j * BS : BS;
-        const float *kb = block_rows(kp, table[j], n, scratch);
-        const float *vb = block_rows(vp, table[j], n, scratch + BS * HD);
-        for (int t = 0; t < n; t++)
-            for (int r = 0; r < REP; r++) {
-                float dot = 0.f;
-                for (int d = 0; d < HD; d++) dot += qs[r][d] * kb[t * HD + d];
-                s[r][t] = dot;
-            }
-        for (int r = 0; r < REP; r++) {
-            float top = m[r], sum = 0.f;
-            for (int t = 0; t < n; t++) top = s[r][t] > top ? s[r][t] : top;
-            float c = expf(m[r] - top);
-            for (int t = 0; t < n; t++) s[r][t] = expf(s[r][t] - top), sum += s[r][t];
-            l[r] = l[r] * c + sum, m[r] = top;
-            for (int d = 0; d < HD; d++) acc[r][d] *= c;
-        }
-        for (int t = 0; t < n; t++)
-            for (int r = 0; r < REP; r++)
-                for (int d = 0; d < HD; d++) acc[r][d] += s[r][t] * vb[t * HD + d];
-    }
-    for (int r = 0; r < REP; r++)
-        for (int d = 0; d < HD; d++) out[r * HD + d] = acc[r][d] / l[r];
 }
 
 /* The pools' pointers of layer `layer`, side 0 (K) or 1 (V), head hh. */

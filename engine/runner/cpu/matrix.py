@@ -36,3 +36,9 @@ class Matrix:
         """(out, in) in weights."""
         rows, cols = self.arrays[0].shape
         return rows, cols * self.arrays[0].itemsize * 8 // self.bits if self.bits else cols
+
+
+def shapes_of(matrices: list[Matrix]) -> tuple:
+    """What forwards over `matrices` take on one machine depends on, as a key: each weight's array shapes
+    and format, and whether it stands for float32 weights sgemm reads; not the weights' values."""
+    return tuple((tuple(a.shape for a in m.arrays), m.format, m.source is not None) for m in matrices)

@@ -163,3 +163,41 @@ def test_the_kernel_writes_each_rows_new_slot_and_nothing_else():
     for i, (old, new) in enumerate(zip(before, storage.arrays())):
         changed = np.argwhere(np.any(old != np.asarray(new), axis=-1))
         assert sorted(map(tuple, changed[:, 1:])) == [(3, 1)] * 2 + [(6, 2)] * 2, i  # two heads each
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_attention_over_every_length_gives_mlxs_logits(block_size):
+    # 32-wide heads, two query heads per K/V head, a 70-token chunk whose rows attend to 1-70 positions,
+    # over blocks in reverse order: both loops of cpu_attention.h (the vector one, where the build has
+    # it, in 16-position steps full and partial, one or two a block).
+    model = tiny_llama(hidden_size=128, vocab_size=300)
+    storage = tiny_storage(model, block_size=block_size)
+    decode = make_cpu_decode(model, storage)
+    assert decode is not None and decode.serves_chunks
+    tokens = np.array([(7 * i + 3) % 300 for i in range(70)], np.int32)
+    table = np.tile(np.arange(-(-len(tokens) // block_size), dtype=np.int32)[::-1], (len(tokens), 1))
+    positions = np.arange(len(tokens), dtype=np.int32)
+    expected = np.asarray(model(mx.array(tokens)[None])[0])
+    try:
+        for vector in (1, 0):
+            decode._lib.attention_mode(vector)
+            pools = [np.zeros(p.shape, np.float32) for p in CpuDecode.pool_arrays(storage)]
+            logits = decode(tokens, positions, table, pools, pools[0].shape[1], positions)
+            np.testing.assert_allclose(logits, expected, rtol=1e-3, atol=1e-3, err_msg=f"vector {vector}")
+    finally:
+        decode._lib.attention_mode(1)
+
+
+def test_a_second_forward_of_one_shape_reuses_the_measured_direct_rows(monkeypatch):
+    monkeypatch.setattr(cpu_decode, "_DIRECT_ROWS", {})
+    measured, measure = [], cpu_decode.measure_direct_rows
+    monkeypatch.setattr(cpu_decode, "measure_direct_rows", lambda *args: measured.append(1) or measure(*args))
+    model = tiny_llama()
+    first, second = make_cpu_decode(model, tiny_storage(model)), make_cpu_decode(model, tiny_storage(model))
+    assert len(measured) == 1 and (second.direct_min, second.direct_rows) == (
+        first.direct_min,
+        first.direct_rows,
+    )
+    wider = tiny_llama(intermediate_size=128)
+    make_cpu_decode(wider, tiny_storage(wider))
+    assert len(measured) == 2

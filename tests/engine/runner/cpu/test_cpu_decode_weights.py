@@ -19,6 +19,7 @@ import pytest
 from mlx import nn
 
 from tests.engine.engine_helpers import chat_ids, greedy, reference_greedy, run_to_completion, token_ids
+from tests.engine.runner.cpu import test_cpu_decode
 from tests.engine.runner.cpu.test_cpu_decode import make_cpu_decode, tiny_llama, tiny_storage
 
 # (bits, group size, hidden, MLP width): every width the kernel reads, each group size it takes; bits 0
@@ -163,6 +164,7 @@ def test_the_portable_loops_a_cpu_without_avx2_runs_agree_too(monkeypatch):
     test_both_matmul_paths_equal_mlxs_quantized_matmul(8, 64, 128, 192)
     test_both_matmul_paths_equal_mlxs_quantized_matmul(0, 0, 64, 100)
     test_a_chunk_as_rows_of_one_sequence_gives_mlxs_logits(tied=True)
+    test_cpu_decode.test_attention_over_every_length_gives_mlxs_logits(block_size=32)
 
 
 @pytest.mark.skipif(not {"avx2", "fma"} <= set(cpu_decode._cpu_id().split()), reason="needs AVX2 and FMA")
@@ -173,6 +175,7 @@ def test_the_avx2_loops_a_cpu_without_avx512_runs_agree_too(monkeypatch):
     test_both_matmul_paths_equal_mlxs_quantized_matmul(4, 32, 64, 96)
     test_both_matmul_paths_equal_mlxs_quantized_matmul(0, 0, 64, 100)
     test_a_chunk_as_rows_of_one_sequence_gives_mlxs_logits(tied=True)
+    test_cpu_decode.test_attention_over_every_length_gives_mlxs_logits(block_size=32)
 
 
 def test_the_build_key_changes_with_any_header_the_source_includes(tmp_path, monkeypatch):

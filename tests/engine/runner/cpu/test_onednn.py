@@ -56,7 +56,7 @@ def test_every_row_split_gives_sgemms_tokens_through_onednn_calls():
     decode = built(model)
     packed = decode.onednn or onednn.pack(decode.matrices)  # this machine may have timed sgemm faster
     assert isinstance(packed, onednn.OneDnn) and packed.nbytes >= sum(
-        m.arrays[0].nbytes for m in decode.matrices[3:] if m.bits == 0
+        m.arrays[0].nbytes for m in decode.matrices[3:] if m.bits == 0 and m.arrays[0].ndim == 2
     )
     for rows in ROWS:
         decode.onednn = None
@@ -93,6 +93,7 @@ def test_the_status_says_which_product_the_forward_takes():
 @pytest.mark.parametrize("faster", [True, False])
 def test_onednn_is_kept_only_where_the_timed_forwards_are_faster(faster, monkeypatch):
     fast, slow = [0.01, 0.05], [0.02, 0.09]
+    monkeypatch.setattr(onednn, "_TIMINGS", {})  # no earlier load's timings
     monkeypatch.setattr(
         onednn,
         "time_modes",
@@ -104,6 +105,16 @@ def test_onednn_is_kept_only_where_the_timed_forwards_are_faster(faster, monkeyp
         "oneDNN " if faster else "sgemm (oneDNN slower here: 64 rows 20.0 against 10.0 ms, 256 rows 90.0"
     )
     assert decode.prefill_matmul.startswith(expected)
+
+
+def test_a_second_forward_of_one_shape_reuses_the_first_ones_timings(monkeypatch):
+    monkeypatch.setattr(onednn, "_TIMINGS", {})
+    timed, time_modes = [], onednn.time_modes
+    monkeypatch.setattr(onednn, "time_modes", lambda *args: timed.append(1) or time_modes(*args))
+    first, second = built(tiny_llama()), built(tiny_llama())  # a second load of one model
+    assert len(timed) == 1 and second.prefill_matmul == first.prefill_matmul
+    built(tiny_llama(intermediate_size=128))  # another shape: timed anew
+    assert len(timed) == 2
 
 
 def test_differing_logits_at_load_leave_sgemm(monkeypatch):
