@@ -1,6 +1,6 @@
 """A quantized KV cache (kv_cache_dtype int8/int4) on the real bundled model: greedy output agrees with the
 model-dtype cache, the teacher-forced log-likelihood barely moves, one byte budget holds more blocks, and
-decode gives the same tokens in the C forward as on MLX's gather path."""
+decode in the C forward follows MLX's gather path."""
 
 import random
 
@@ -8,8 +8,10 @@ import engine  # noqa: F401  # isort: split  (loads OpenBLAS before MLX)
 from engine.config import EngineConfig
 from engine.kv_budget import num_blocks
 from engine.llm_engine import LLMEngine
-from engine.messages import GenerateRequest, SamplingParams
-from engine.runner.kv_storage import KVStorage, LayerShape
+from engine.messages import GenerateRequest
+from engine.runner.cpu.cpu_decode import CForwardDecode
+from engine.runner.fast_path import Target
+from engine.runner.kv_storage import KVStorage, LayerShape, Side
 from engine.runner.paged_attention import PagedLayerCache, StepLayout
 
 import mlx.core as mx
@@ -59,34 +61,13 @@ def _engine(dtype: str, **overrides) -> LLMEngine:
 
 @pytest.fixture(scope="module")
 def engines(llm: LLMEngine) -> dict[str, LLMEngine]:
-    """One engine per KV dtype (decode in the C forward); "auto" is the session's engine; "int8 mlx"
-    decodes int8 on MLX's gather path."""
-    quantized = {dtype: _engine(dtype) for dtype in ("int8", "int4")}
-    return {"auto": llm, **quantized, "int8 mlx": _engine("int8", cpu_decode=False)}
+    """One engine per KV dtype (decode in the C forward); "auto" is the session's engine."""
+    return {"auto": llm, **{dtype: _engine(dtype) for dtype in ("int8", "int4")}}
 
 
 @pytest.fixture(scope="module")
-def gather_int8(engines) -> list[list[tuple[int, float]]]:
-    """MLX's gather path over int8 pools (the slow one: the first half of the prompts, enough to compare):
-    per prompt, each greedy token with its margin over the runner-up, in nats."""
-    llm = engines["int8 mlx"]
-    params = SamplingParams(max_tokens=NUM_TOKENS, temperature=0.0, logprobs=2)
-    requests = [GenerateRequest(f"p{i}", chat_ids(llm, p), params) for i, p in enumerate(PROMPTS[:4])]
-    outputs = run_to_completion(llm, {0: requests})
-    return [
-        [
-            (t, lp.top[0][1] - lp.top[1][1])
-            for o in outputs[f"p{i}"]
-            for t, lp in zip(o.new_token_ids, o.logprobs or [])
-        ]
-        for i in range(len(requests))
-    ]
-
-
-@pytest.fixture(scope="module")
-def outputs(engines, gather_int8) -> dict[str, list[list[int]]]:
-    mine = {name: _greedy_outputs(llm, PROMPTS) for name, llm in engines.items() if name != "int8 mlx"}
-    return {**mine, "int8 mlx": [[t for t, _ in steps] for steps in gather_int8]}
+def outputs(engines) -> dict[str, list[list[int]]]:
+    return {name: _greedy_outputs(llm, PROMPTS) for name, llm in engines.items()}
 
 
 def _greedy_outputs(llm: LLMEngine, prompts: list[str]) -> list[list[int]]:
@@ -167,23 +148,77 @@ def test_the_c_forward_serves_quantized_pools_and_window_attention_steps_aside(e
         assert choice.names["decode"] == "c_forward" and choice.names["attention"] == "gather"
         assert "c_forward" not in choice.not_taken
         assert f"kv_cache_dtype {dtype}" in choice.not_taken["window_attention"]
-    assert engines["int8 mlx"].runner.choice.names["decode"] == "mlx"
 
 
-def test_int8_decode_in_c_gives_the_gather_paths_greedy_output(outputs, gather_int8):
-    # Both read the same encoding through the same slots and differ only in summation order; but an
-    # element within float noise of a rounding boundary may take a neighbouring code in one path only,
-    # moving later logits by ~1e-3 of the largest. So the outputs may part only where the gather path's
-    # two best tokens were that close (measured: 0.0009 nats, one prompt of four, OPENBLAS_CORETYPE=PRESCOTT).
-    identical = 0
-    for mine, steps in zip(outputs["int8"], gather_int8):
-        n = _agreement(mine, [t for t, _ in steps])
-        identical += n == len(steps) == len(mine)
-        if n < min(len(mine), len(steps)):
-            assert steps[n][1] < NEAR_TIE, (
-                f"parted at token {n}, where the gather path's margin was {steps[n][1]:.4f}"
-            )
-    assert identical >= 3
+def _gather_step(llm: LLMEngine, storage: KVStorage, start: int, tokens: list[int]) -> mx.array:
+    """MLX's own forward over `storage`'s paged caches (the gather path), blocks 0, 1, ... in order: the
+    log-probabilities of each of `tokens`' next tokens."""
+    bs = storage.block_size
+    layout = StepLayout([start], len(tokens), [list(range(-(-(start + len(tokens)) // bs)))], bs)
+    logits = llm.runner.model(mx.array([tokens]), cache=llm.runner.layers.build(storage, None, layout, None))
+    logits = logits[0].astype(mx.float32)
+    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+
+def _layer_0(storage: KVStorage, side: Side, positions: int) -> tuple[np.ndarray, np.ndarray]:
+    """Layer 0's decoded `side` at the first `positions` positions of blocks 0, 1, ..., and each value's
+    quantization step: (heads, positions, head dim) each."""
+    data, scales, biases = (part[0] for part in storage.side(side))
+    decoded = np.array(storage.quant.decode(data, scales, biases))
+    step = np.repeat(np.abs(np.array(scales)), decoded.shape[-1] // scales.shape[-1], axis=-1)
+    heads, dim = decoded.shape[0], decoded.shape[-1]
+    decoded, step = (
+        x[:, : storage.num_blocks].reshape(heads, -1, dim)[:, :positions] for x in (decoded, step)
+    )
+    return decoded, step
+
+
+@pytest.mark.parametrize("vector", [1, 0])
+def test_int8_decode_in_c_follows_the_gather_path_token_by_token(llm, vector):
+    """Teacher-forced over a text (the same tokens into both, so the paths cannot part): the C forward
+    writes layer 0's int8 K/V as MLX does, up to a quantization step, and its log-probabilities stay
+    within quantization noise of the gather path's. Deeper layers' K/V differ more: a value within
+    float noise of a rounding boundary takes the neighbouring code, a group whose largest and smallest
+    values are near-equal in size may take the other as its base (every code changes, the decoded
+    values barely), and those changes grow through the layers. Measured (OPENBLAS_CORETYPE Haswell and
+    Prescott): up to ~5 steps at layer 27; the next token's log-probability 0.005-0.010 nats apart on
+    average, 0.06 at most (int8 against the model-dtype cache: 0.018 on average). Free-running greedy
+    outputs part wherever two tokens are that close, which no fixed margin bounds."""
+    tokens = llm.tokenizer.encode(TEXT) * 2
+    block_size = llm.storage.block_size
+    num_blocks = -(-len(tokens) // block_size)
+    mine, theirs = [
+        KVStorage(llm.storage.shapes, num_blocks, block_size, llm.storage.dtype, "int8") for _ in range(2)
+    ]
+    decode, reason = CForwardDecode().build(Target(llm.runner.model, mine, "cpu", None), {})
+    assert decode is not None, reason
+    prefill = 16  # MLX prefills both, as the engine does before decoding
+    mx.eval(_gather_step(llm, mine, 0, tokens[:prefill]), _gather_step(llm, theirs, 0, tokens[:prefill]))
+    deltas, margins, agree = [], [], []
+    try:
+        decode._lib.attention_mode(vector)
+        for p in range(prefill, len(tokens) - 1):
+            table = list(range(p // block_size + 1))
+            logits = decode.step(mx.array([tokens[p]]), [p], [table]).astype(mx.float32)
+            a = np.array(logits - mx.logsumexp(logits, axis=-1, keepdims=True))[0]
+            b = np.array(_gather_step(llm, theirs, p, [tokens[p]]))[0]
+            deltas.append(abs(a[tokens[p + 1]] - b[tokens[p + 1]]))
+            margins.append(float(np.diff(np.sort(b)[-2:])[0]))
+            agree.append(a.argmax() == b.argmax())
+    finally:
+        decode._lib.attention_mode(1)
+    # Layer 0's decoded K/V, from the same inputs: within one quantization step (a value within float
+    # noise of a rounding boundary, or a group taking its other end as base) at every written position.
+    sides: tuple[Side, Side] = ("keys", "values")
+    for side in sides:
+        (a, _), (b, step) = (_layer_0(s, side, len(tokens) - 1) for s in (mine, theirs))
+        assert np.all(np.abs(a - b) <= 1.01 * step + 1e-5 * np.abs(b).max()), side
+    mean, worst = float(np.mean(deltas)), float(np.max(deltas))
+    print(
+        f"\n{len(deltas)} steps: |delta| of the next token's log-probability mean {mean:.4f}, max {worst:.4f}"
+    )
+    assert mean < 0.02 and worst < 0.15
+    assert all(same or margin < 2 * worst for same, margin in zip(agree, margins))
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int4"])
