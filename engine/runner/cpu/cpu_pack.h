@@ -153,8 +153,10 @@ static void exact8_row(mat_t m, int o, int in, float *out) {
                 }                                                                                          \
             }                                                                                              \
         }                                                                                                  \
+        float sums[R * C];                                                                                 \
+        fv_hsums(&acc[0][0], R * C, sums);                                                                 \
         _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) _Pragma("GCC unroll 2") for (int c = 0; c < C; c++) \
-            y[(size_t)r * out + c] = fv_hsum(acc[r][c]);                                                   \
+            y[(size_t)r * out + c] = sums[r * C + c];                                                      \
     }
 #define DEFINE_ETILES(R) DEFINE_ETILE(R, 1) DEFINE_ETILE(R, 2)
 DEFINE_ETILES(1)
@@ -207,8 +209,10 @@ static void exact4_block(mat_t m, int first, int last, const float *x, float *y,
                 _Pragma("GCC unroll 2") for (int c = 0; c < C; c++) acc[r][c] = fv_fma(xv, wv[c], acc[r][c]); \
             }                                                                                              \
         }                                                                                                  \
+        float sums[R * C];                                                                                 \
+        fv_hsums(&acc[0][0], R * C, sums);                                                                 \
         _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) _Pragma("GCC unroll 2") for (int c = 0; c < C; c++) \
-            y[(size_t)r * out + c] = fv_hsum(acc[r][c]);                                                   \
+            y[(size_t)r * out + c] = sums[r * C + c];                                                      \
     }
 #define DEFINE_E8TILES(R) DEFINE_E8TILE(R, 1) DEFINE_E8TILE(R, 2)
 DEFINE_E8TILES(1)

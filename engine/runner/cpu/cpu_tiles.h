@@ -40,6 +40,43 @@ typedef __m512 fvec;
 #define fv_hsum _mm512_reduce_add_ps
 #define FV_HOLD(v) __asm__("" : "+v"(v))
 static inline fvec fv_widen(__m128i bytes) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes)); }
+
+/* out[t] = fv_hsum(p[t]) for 16 vectors, bit for bit, in 15 additions instead of 64 instructions: the same
+   pairs in the same stages as _mm512_reduce_add_ps (lanes i and i + 8, then i + 4, i + 2, i + 1), each
+   stage adding halves of two vectors at once. Taken in the order p[0], p[4], p[8], p[12], p[1], ...,
+   lane t of the last stage holds p[t]'s sum. A tile's end: 16 accumulators of an 8 x 2 tile took ~10% of
+   its time one at a time. */
+static inline void fv_hsum16(const __m512 p[16], float out[16]) {
+    __m512 a[8], b[4], c[2];
+    for (int k = 0; k < 8; k++) {
+        const __m512 x = p[4 * (2 * k % 4) + 2 * k / 4], y = p[4 * ((2 * k + 1) % 4) + (2 * k + 1) / 4];
+        a[k] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(x, y, _MM_SHUFFLE(3, 2, 3, 2)));
+    }
+    for (int k = 0; k < 4; k++)
+        b[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int k = 0; k < 2; k++)
+        c[k] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    _mm512_storeu_ps(out, _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                        _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1))));
+}
+
+/* out[t] = fv_hsum(p[t]) for n vectors: 16 at a time where there are 8 or more (zeros fill the last 16). */
+static inline void fv_hsums(const fvec *p, int n, float *out) {
+    if (n < 8) {
+        for (int t = 0; t < n; t++) out[t] = fv_hsum(p[t]);
+        return;
+    }
+    for (int t0 = 0; t0 < n; t0 += 16) {
+        __m512 part[16];
+        float sums[16];
+        for (int t = 0; t < 16; t++) part[t] = t0 + t < n ? p[t0 + t] : _mm512_setzero_ps();
+        fv_hsum16(part, sums);
+        for (int t = 0; t < 16 && t0 + t < n; t++) out[t0 + t] = sums[t];
+    }
+}
 #else
 typedef __m256 fvec;
 #define FV_WIDTH 8
@@ -53,6 +90,10 @@ typedef __m256 fvec;
 #define fv_hsum hsum8
 #define FV_HOLD(v) __asm__("" : "+x"(v))
 static inline fvec fv_widen(__m128i bytes) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)); }
+
+static inline void fv_hsums(const fvec *p, int n, float *out) {
+    for (int t = 0; t < n; t++) out[t] = fv_hsum(p[t]);
+}
 #endif
 #define FV_PER32 (32 / FV_WIDTH) /* vectors per 32 codes */
 
@@ -227,8 +268,10 @@ static void deinterleave_x(const float *x, float *xp, int rows, int in) {
                 _Pragma("GCC unroll 3") for (int c = 0; c < C; c++) acc[r][c] = fv_fma(xv, wv[c], acc[r][c]); \
             }                                                                                              \
         }                                                                                                  \
+        float sums[R * C];                                                                                 \
+        fv_hsums(&acc[0][0], R * C, sums);                                                                 \
         _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) _Pragma("GCC unroll 3") for (int c = 0; c < C; c++) { \
-            float sum = fv_hsum(acc[r][c]);                                                                \
+            float sum = sums[r * C + c];                                                                   \
             for (int j = at; j < in; j++) sum += x[(size_t)r * in + j] * w[(size_t)c * in + j];            \
             y[(size_t)r * out + c] = sum;                                                                  \
         }                                                                                                  \
