@@ -45,7 +45,6 @@ TEXT = (
     "A compiler translates source code into machine code that a processor can run."
 )
 BUDGET = 64 << 20
-NEAR_TIE = 0.01  # nats between the two best tokens
 
 
 def _engine(dtype: str, **overrides) -> LLMEngine:
@@ -95,20 +94,27 @@ def test_greedy_output_agrees_with_the_model_dtype_cache(outputs, dtype):
     assert sum(lengths) / len(lengths) >= MIN_MEAN_AGREEMENT[dtype], report
 
 
+def _gather_step(llm: LLMEngine, storage: KVStorage, start: int, tokens: list[int]) -> mx.array:
+    """MLX's own forward over `storage`'s paged caches (the gather path), blocks 0, 1, ... in order: the
+    log-probabilities of each of `tokens`' next tokens."""
+    bs = storage.block_size
+    layout = StepLayout([start], len(tokens), [list(range(-(-(start + len(tokens)) // bs)))], bs)
+    logits = llm.runner.model(mx.array([tokens]), cache=llm.runner.layers.build(storage, None, layout, None))
+    logits = logits[0].astype(mx.float32)
+    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+
 def _text_logprobs(llm: LLMEngine, dtype: str, tokens: list[int], chunk: int = 4) -> np.ndarray:
     """Teacher-forced log-probabilities of tokens[1:], fed through paged caches over a fresh storage of
     `dtype`: a first chunk of 16, then chunks of `chunk`, each reading the (quantized) context back."""
     block_size = llm.storage.block_size
     num_blocks = -(-len(tokens) // block_size)
     storage = KVStorage(llm.storage.shapes, num_blocks, block_size, llm.storage.dtype, dtype)
-    table = list(range(num_blocks))
     starts = [0, *range(16, len(tokens), chunk)]
-    out = []
-    for start, end in zip(starts, [*starts[1:], len(tokens)]):
-        layout = StepLayout([start], end - start, [table[: -(-end // block_size)]], block_size)
-        caches = llm.runner.layers.build(storage, None, layout, None)
-        logits = llm.runner.model(mx.array([tokens[start:end]]), cache=caches)[0].astype(mx.float32)
-        out.append(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+    out = [
+        _gather_step(llm, storage, start, tokens[start:end])
+        for start, end in zip(starts, [*starts[1:], len(tokens)])
+    ]
     logprobs = np.array(mx.concatenate(out)[:-1])
     return logprobs[np.arange(len(tokens) - 1), tokens[1:]]
 
@@ -148,16 +154,6 @@ def test_the_c_forward_serves_quantized_pools_and_window_attention_steps_aside(e
         assert choice.names["decode"] == "c_forward" and choice.names["attention"] == "gather"
         assert "c_forward" not in choice.not_taken
         assert f"kv_cache_dtype {dtype}" in choice.not_taken["window_attention"]
-
-
-def _gather_step(llm: LLMEngine, storage: KVStorage, start: int, tokens: list[int]) -> mx.array:
-    """MLX's own forward over `storage`'s paged caches (the gather path), blocks 0, 1, ... in order: the
-    log-probabilities of each of `tokens`' next tokens."""
-    bs = storage.block_size
-    layout = StepLayout([start], len(tokens), [list(range(-(-(start + len(tokens)) // bs)))], bs)
-    logits = llm.runner.model(mx.array([tokens]), cache=llm.runner.layers.build(storage, None, layout, None))
-    logits = logits[0].astype(mx.float32)
-    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
 
 
 def _layer_0(storage: KVStorage, side: Side, positions: int) -> tuple[np.ndarray, np.ndarray]:

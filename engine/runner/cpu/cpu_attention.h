@@ -6,27 +6,10 @@
 #if defined(SIMD_AVX512) && HD % 16 == 0
 /* 16 positions at a time in 512-bit vectors. The scalar loop below ends every score with a horizontal
    sum and calls libm's exp per position; here each score's 16 partial sums stay in a vector until 16
-   scores are summed at once by a tree of shuffles, exp is a polynomial on 16 lanes, and the weighted
+   scores are summed at once (cpu_tiles.h's fv_hsum16), exp is a polynomial on 16 lanes, and the weighted
    V rows go into vectors that stay in registers. Both loops are within ~1e-7 of a float64 attention;
    a long prompt's chunks run 1.2-1.3x faster, decode rows up to 1.1x (bench/attention.py). */
 #define HV (HD / 16)
-
-/* Lane t: the sum of p[t]'s 16 lanes. Pairs of vectors interleave and add until each 128-bit lane holds
-   four scores' partial sums; two rounds across those lanes finish them in order. */
-static inline __m512 sum_lanes16(const __m512 p[16]) {
-    __m512 c[8], d[4];
-    for (int i = 0; i < 8; i++)
-        c[i] = _mm512_add_ps(_mm512_unpacklo_ps(p[2 * i], p[2 * i + 1]), _mm512_unpackhi_ps(p[2 * i], p[2 * i + 1]));
-    for (int i = 0; i < 4; i++)
-        d[i] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * i], c[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_ps(c[2 * i], c[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    __m512 g0 = _mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                              _mm512_shuffle_f32x4(d[0], d[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    __m512 g1 = _mm512_add_ps(_mm512_shuffle_f32x4(d[2], d[3], _MM_SHUFFLE(2, 0, 2, 0)),
-                              _mm512_shuffle_f32x4(d[2], d[3], _MM_SHUFFLE(3, 1, 3, 1)));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(g0, g1, _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(g0, g1, _MM_SHUFFLE(3, 1, 3, 1)));
-}
 
 /* exp(x) for x <= 0 (scores less their running maximum), within about 1 ulp: x = n ln2 + r, |r| <= ln2/2,
    Cephes' expf polynomial in r, scaled by 2^n; below -87.3 (exp < 2^-126) the lanes come out 0 or tiny. */
@@ -54,7 +37,7 @@ static inline __m512 scores16(const __m512 qv[HV], const float *k, int count) {
         if (t < count)
             for (int c = 0; c < HV; c++) p[t] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(k + (size_t)t * HD + 16 * c), p[t]);
     }
-    return sum_lanes16(p);
+    return fv_hsum16(p);
 }
 
 static void attend_vector(const float *q, side_t kp, side_t vp, const int32_t *table, int len, float *out,

@@ -41,12 +41,12 @@ typedef __m512 fvec;
 #define FV_HOLD(v) __asm__("" : "+v"(v))
 static inline fvec fv_widen(__m128i bytes) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes)); }
 
-/* out[t] = fv_hsum(p[t]) for 16 vectors, bit for bit, in 15 additions instead of 64 instructions: the same
+/* Lane t: fv_hsum(p[t]) for 16 vectors, bit for bit, in 15 additions instead of 64 instructions: the same
    pairs in the same stages as _mm512_reduce_add_ps (lanes i and i + 8, then i + 4, i + 2, i + 1), each
    stage adding halves of two vectors at once. Taken in the order p[0], p[4], p[8], p[12], p[1], ...,
-   lane t of the last stage holds p[t]'s sum. A tile's end: 16 accumulators of an 8 x 2 tile took ~10% of
-   its time one at a time. */
-static inline void fv_hsum16(const __m512 p[16], float out[16]) {
+   lane t of the last stage holds p[t]'s sum. A tile's end (16 accumulators of an 8 x 2 tile took ~10%
+   of its time one at a time) and 16 attention scores (cpu_attention.h). */
+static inline __m512 fv_hsum16(const __m512 p[16]) {
     __m512 a[8], b[4], c[2];
     for (int k = 0; k < 8; k++) {
         const __m512 x = p[4 * (2 * k % 4) + 2 * k / 4], y = p[4 * ((2 * k + 1) % 4) + (2 * k + 1) / 4];
@@ -59,8 +59,8 @@ static inline void fv_hsum16(const __m512 p[16], float out[16]) {
     for (int k = 0; k < 2; k++)
         c[k] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
                              _mm512_shuffle_ps(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    _mm512_storeu_ps(out, _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                        _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1))));
+    return _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
 /* out[t] = fv_hsum(p[t]) for n vectors: 16 at a time where there are 8 or more (zeros fill the last 16). */
@@ -73,7 +73,7 @@ static inline void fv_hsums(const fvec *p, int n, float *out) {
         __m512 part[16];
         float sums[16];
         for (int t = 0; t < 16; t++) part[t] = t0 + t < n ? p[t0 + t] : _mm512_setzero_ps();
-        fv_hsum16(part, sums);
+        _mm512_storeu_ps(sums, fv_hsum16(part));
         for (int t = 0; t < 16 && t0 + t < n; t++) out[t0 + t] = sums[t];
     }
 }
