@@ -148,11 +148,21 @@ static void rms_norm(const float *x, const float *w, float *y, int rows) {
     }
 }
 
-static void rope(float *x, int heads, int pos) {
+/* Row b's RoPE angles, once a forward (every layer turns its q and k by the same): cs[b * HD + i] the
+   cosine and cs[b * HD + HALF + i] the sine of position * frequency i. */
+static void rope_angles(const int32_t *positions, int rows, float *cs) {
+    for (int b = 0; b < rows; b++)
+        for (int i = 0; i < HALF; i++) {
+            float freq = expf(-(float)i * (logf(ROPE_BASE) / HALF));
+            float theta = (float)positions[b] * freq;
+            cs[(size_t)b * HD + i] = cosf(theta), cs[(size_t)b * HD + HALF + i] = sinf(theta);
+        }
+}
+
+static void rope(float *x, int heads, const float *cs) {
     /* non-traditional RoPE: element i pairs with i + HD/2 */
     for (int i = 0; i < HALF; i++) {
-        float freq = expf(-(float)i * (logf(ROPE_BASE) / HALF));
-        float theta = (float)pos * freq, c = cosf(theta), s = sinf(theta);
+        const float c = cs[i], s = cs[HALF + i];
         for (int h = 0; h < heads; h++) {
             float *v = x + (size_t)h * HD;
             float a = v[i], b = v[i + HALF];
@@ -168,6 +178,7 @@ typedef struct {
     int pool_blocks, layer, max_blocks;
     const int32_t *positions, *tables;
     float *q, *k, *v, *att, *blocks;
+    const float *angles; /* rope_angles' */
 } layer_job_t;
 
 /* Row b: RoPE on its q and k, its K/V written to its slot (rows write distinct slots). */
@@ -176,8 +187,8 @@ static void write_item(void *ctx, int b, int worker) {
     const layer_job_t *job = ctx;
     const int32_t *table = job->tables + (size_t)b * job->max_blocks;
     int pos = job->positions[b];
-    rope(job->q + (size_t)b * NQ * HD, NQ, pos);
-    rope(job->k + (size_t)b * KVH * HD, KVH, pos);
+    rope(job->q + (size_t)b * NQ * HD, NQ, job->angles + (size_t)b * HD);
+    rope(job->k + (size_t)b * KVH * HD, KVH, job->angles + (size_t)b * HD);
     size_t slot = (size_t)table[pos / BS] * BS + pos % BS;
     for (int hh = 0; hh < KVH; hh++) {
         size_t kv = ((size_t)b * KVH + hh) * HD;
@@ -204,12 +215,65 @@ typedef struct {
 
 #define SWIGLU_ITEM 4096
 
+/* SiLU(g) * u over n floats, into g. */
+static void swiglu_span(float *g, const float *u, size_t n) {
+    for (size_t i = 0; i < n; i++) g[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+}
+
 static void swiglu_item(void *ctx, int item, int worker) {
     (void)worker;
     const swiglu_job_t *job = ctx;
-    size_t end = (size_t)(item + 1) * SWIGLU_ITEM < job->n ? (size_t)(item + 1) * SWIGLU_ITEM : job->n;
-    for (size_t i = (size_t)item * SWIGLU_ITEM; i < end; i++)
-        job->g[i] = job->g[i] / (1.f + expf(-job->g[i])) * job->u[i];
+    const size_t first = (size_t)item * SWIGLU_ITEM;
+    swiglu_span(job->g + first, job->u + first, (first + SWIGLU_ITEM < job->n ? first + SWIGLU_ITEM : job->n) - first);
+}
+
+/* Products of one input that decode rows read directly, as one parallel_for, so that the workers meet
+   once instead of at the end of each: q, k and v; or gate and up, where an item computes both for the
+   same CHANNELS outputs and then SiLU(gate) * up on them (no loop of its own for SwiGLU). Each output
+   channel is the same tile call as linear's, so the values are its bits. */
+typedef struct {
+    direct_job_t part[3];
+    int items[3], gated;
+} fused_job_t;
+
+static void fused_item(void *ctx, int item, int worker) {
+    fused_job_t *job = ctx;
+    if (job->gated) {
+        direct_item(&job->part[0], item, worker);
+        direct_item(&job->part[1], item, worker);
+        const int first = item * CHANNELS, n = (first + CHANNELS < FF ? first + CHANNELS : FF) - first;
+        for (int r = 0; r < job->part[0].rows; r++)
+            swiglu_span(job->part[0].y + (size_t)r * FF + first, job->part[1].y + (size_t)r * FF + first, n);
+        return;
+    }
+    int p = 0;
+    for (; item >= job->items[p]; p++) item -= job->items[p];
+    direct_item(&job->part[p], item, worker);
+}
+
+/* y[i] = x @ w[i].T for n (2 or 3) weights of `in` inputs and out[i] outputs; `gated` (n = 2, out FF):
+   then y[0] = SiLU(y[0]) * y[1]. One parallel_for where every weight is read directly without group
+   sums (float32, or an exact packing: linear's qgemm_direct(x, NULL, NULL, ...)); else linear each. */
+static void linears(const mat_t *w, const float *x, float *const *y, const int *out, int n, int rows, int in,
+                    int gated, mm_scratch_t sc) {
+    int fuse = direct(rows);
+    for (int i = 0; i < n; i++) fuse = fuse && (w[i].bits == 0 || w[i].exact);
+    if (!fuse) {
+        for (int i = 0; i < n; i++) linear(w[i], x, y[i], rows, out[i], in, sc);
+        if (gated) {
+            swiglu_job_t swiglu = {y[0], y[1], (size_t)rows * FF};
+            parallel_for((int)((swiglu.n + SWIGLU_ITEM - 1) / SWIGLU_ITEM), swiglu_item, &swiglu);
+        }
+        return;
+    }
+    fused_job_t job = {.gated = gated};
+    int items = 0;
+    for (int i = 0; i < n; i++) {
+        job.part[i] = (direct_job_t){x, NULL, NULL, w[i], y[i], rows, out[i], in};
+        job.items[i] = (out[i] + CHANNELS - 1) / CHANNELS;
+        items += job.items[i];
+    }
+    parallel_for(gated ? job.items[0] : items, fused_item, &job);
 }
 
 /* weights: embed (VOCAB, H), final norm (H), lm head (VOCAB, H), then PER_LAYER per layer, each as
@@ -224,41 +288,69 @@ int decode_forward(const void *const *weights, const int32_t *formats, void *con
                    const uint16_t *screen, const float *screen_err, int32_t *greedy) {
     const mat_t embed = weight_at(weights, formats, 0), head = weight_at(weights, formats, 2);
     const float *final_norm = weights[4];
-    size_t per_row = 2 * H + 2 * (size_t)NQ * HD + 2 * (size_t)KVH * HD + 2 * (size_t)FF;
+    size_t per_row = 2 * H + 2 * (size_t)NQ * HD + 2 * (size_t)KVH * HD + 2 * (size_t)FF + HD;
     size_t sums = (size_t)(rows < MAX_DIRECT ? rows : MAX_DIRECT) * MAX_IN / 32; /* xsum */
     size_t extra = (size_t)WORKERS * 2 * BS * HD + (size_t)TILE * MAX_IN + sums;
     float *buf = malloc(sizeof(float) * (per_row * rows + extra));
     if (!buf) return -1;
     float *x = buf, *h = x + (size_t)rows * H, *q = h + (size_t)rows * H, *att = q + (size_t)rows * NQ * HD;
     float *k = att + (size_t)rows * NQ * HD, *v = k + (size_t)rows * KVH * HD;
-    float *g = v + (size_t)rows * KVH * HD, *u = g + (size_t)rows * FF, *blocks = u + (size_t)rows * FF;
+    float *g = v + (size_t)rows * KVH * HD, *u = g + (size_t)rows * FF, *angles = u + (size_t)rows * FF;
+    float *blocks = angles + (size_t)rows * HD;
     mm_scratch_t sc = {blocks + (size_t)WORKERS * 2 * BS * HD, NULL};
     sc.xsum = sc.tile + (size_t)TILE * MAX_IN;
     for (int b = 0; b < rows; b++) weight_row(embed, tokens[b], H, x + (size_t)b * H);
+    rope_angles(positions, rows, angles);
+    /* The last layer's attention, o_proj and MLP only for the rows whose logits are asked for (in
+       ascending order, as the engine asks): every row's K/V is written, and nothing reads the other
+       rows' outputs. A prefill chunk then finishes its last layer on one row. */
+    int sorted = n_logits < rows;
+    for (int i = 0; sorted && i < n_logits; i++)
+        sorted = logit_rows[i] >= 0 && logit_rows[i] < rows && (i == 0 || logit_rows[i] > logit_rows[i - 1]);
+    int32_t *last = sorted ? malloc(sizeof(int32_t) * (size_t)n_logits * (1 + max_blocks) + 1) : NULL;
+    if (sorted && !last) {
+        free(buf);
+        return -1;
+    }
+    int live = rows; /* rows the layer computes past its K/V */
     for (int layer = 0; layer < NL; layer++) {
         size_t at = 3 + (size_t)layer * PER_LAYER;
         const float *ln1 = weights[4 * (at + LN1)], *ln2 = weights[4 * (at + LN2)];
         rms_norm(x, ln1, h, rows);
-        linear(weight_at(weights, formats, at + WQ), h, q, rows, NQ * HD, H, sc);
-        linear(weight_at(weights, formats, at + WK), h, k, rows, KVH * HD, H, sc);
-        linear(weight_at(weights, formats, at + WV), h, v, rows, KVH * HD, H, sc);
+        const mat_t qkv[3] = {weight_at(weights, formats, at + WQ), weight_at(weights, formats, at + WK),
+                              weight_at(weights, formats, at + WV)};
+        linears(qkv, h, (float *const[]){q, k, v}, (const int[]){NQ * HD, KVH * HD, KVH * HD}, 3, rows, H, 0, sc);
         /* Every row's K/V is written before any row attends: rows of one sequence at consecutive
            positions (a prefill chunk, drafts to verify) read each other's. */
-        layer_job_t job = {pools, pool_blocks, layer, max_blocks, positions, tables, q, k, v, att, blocks};
+        layer_job_t job = {pools, pool_blocks, layer, max_blocks, positions, tables, q, k, v, att, blocks, angles};
         parallel_for(rows, write_item, &job);
-        parallel_for(rows * KVH, attend_item, &job);
-        linear(weight_at(weights, formats, at + WO), att, h, rows, H, NQ * HD, sc);
-        for (size_t i = 0; i < (size_t)rows * H; i++) x[i] += h[i];
-        rms_norm(x, ln2, h, rows);
-        linear(weight_at(weights, formats, at + WG), h, g, rows, FF, H, sc);
-        linear(weight_at(weights, formats, at + WU), h, u, rows, FF, H, sc);
-        swiglu_job_t swiglu = {g, u, (size_t)rows * FF};
-        parallel_for((int)((swiglu.n + SWIGLU_ITEM - 1) / SWIGLU_ITEM), swiglu_item, &swiglu);
-        linear(weight_at(weights, formats, at + WD), g, h, rows, H, FF, sc);
-        for (size_t i = 0; i < (size_t)rows * H; i++) x[i] += h[i];
+        if (layer == NL - 1 && last) { /* row logit_rows[i] to row i: a later row, or itself */
+            int32_t *last_positions = last, *last_tables = last + n_logits;
+            for (int i = 0; i < n_logits; i++) {
+                const int b = logit_rows[i];
+                if (b != i) {
+                    memcpy(x + (size_t)i * H, x + (size_t)b * H, H * 4);
+                    memcpy(q + (size_t)i * NQ * HD, q + (size_t)b * NQ * HD, NQ * HD * 4);
+                }
+                memcpy(last_tables + (size_t)i * max_blocks, tables + (size_t)b * max_blocks, max_blocks * 4);
+                last_positions[i] = positions[b];
+            }
+            job.positions = last_positions, job.tables = last_tables, live = n_logits;
+            if (!live) break; /* a chunk that is not its prompt's last: K/V only */
+        }
+        parallel_for(live * KVH, attend_item, &job);
+        linear(weight_at(weights, formats, at + WO), att, h, live, H, NQ * HD, sc);
+        for (size_t i = 0; i < (size_t)live * H; i++) x[i] += h[i];
+        rms_norm(x, ln2, h, live);
+        const mat_t gate_up[2] = {weight_at(weights, formats, at + WG), weight_at(weights, formats, at + WU)};
+        linears(gate_up, h, (float *const[]){g, u}, (const int[]){FF, FF}, 2, live, H, 1, sc);
+        linear(weight_at(weights, formats, at + WD), g, h, live, H, FF, sc);
+        for (size_t i = 0; i < (size_t)live * H; i++) x[i] += h[i];
     }
+    free(last);
     /* g and u, (2 * rows * FF) floats, are free now */
-    for (int i = 0; i < n_logits; i++) memcpy(g + (size_t)i * H, x + (size_t)logit_rows[i] * H, H * 4);
+    for (int i = 0; i < n_logits; i++)
+        memcpy(g + (size_t)i * H, x + (size_t)(live < rows ? i : logit_rows[i]) * H, H * 4);
     rms_norm(g, final_norm, h, n_logits);
     if (SCREENS && greedy && screen && head.bits == 0 && n_logits <= SCREEN_ROWS && direct(n_logits)) {
         float *scratch = malloc(sizeof(float) * GREEDY_SCRATCH(n_logits));
