@@ -1,7 +1,6 @@
-/* One K/V head's REP query heads attending over a sequence's blocks of the paged pools (cpu_kv.h):
-   with AVX-512, in two passes (every score, then the weighted V rows) where a row has at most
-   TWO_PASS_MAX positions, else block by block with an online softmax. Included once, by cpu_decode.c:
-   one translation unit, whose macros (the model's sizes, SIMD_*) it uses. */
+/* One K/V head's REP query heads attending over a sequence's blocks of the paged pools (cpu_kv.h),
+   block by block with an online softmax. Included once, by cpu_decode.c: one translation unit, whose
+   macros (the model's sizes, SIMD_*) it uses. */
 #pragma once
 
 #if defined(SIMD_AVX512) && HD % 16 == 0
@@ -84,74 +83,6 @@ static void attend_vector(const float *q, side_t kp, side_t vp, const int32_t *t
         for (int c = 0; c < HV; c++)
             _mm512_storeu_ps(out + r * HD + 16 * c, _mm512_div_ps(acc[r][c], _mm512_set1_ps(l[r])));
 }
-
-/* Positions whose scores attend_two_pass keeps on the stack (REP of them each, 32 KB in all). */
-#define TWO_PASS_MAX ((8192 / REP) / 16 * 16)
-
-/* attend_vector in two passes over a row of at most TWO_PASS_MAX positions: every score (keeping each
-   lane's maximum), then one maximum and the weights of the V rows. Without the online softmax's
-   per-16-position bookkeeping (a horizontal maximum and sum, a second exp and the accumulators
-   rescaled, per query head), which takes most of a prefill chunk's attention: its rows attend to
-   few positions each, from cache. A 200-token chunk's forward 1.07x, a 256-token one at 512 1.05x,
-   16 decode rows level (bench: the forward's two_pass_mode on and off, alternating); the bundled
-   model's logits within 2e-6 of the online loop's, relative to a row's largest. */
-static void attend_two_pass(const float *q, side_t kp, side_t vp, const int32_t *table, int len, float *out,
-                            float scale, float *scratch) {
-    __m512 qv[REP][HV], acc[REP][HV], lane_top[REP], lane_sum[REP];
-    float s[REP][TWO_PASS_MAX + 16] __attribute__((aligned(64)));
-    for (int r = 0; r < REP; r++) {
-        for (int c = 0; c < HV; c++)
-            qv[r][c] = _mm512_mul_ps(_mm512_loadu_ps(q + r * HD + 16 * c), _mm512_set1_ps(scale)),
-            acc[r][c] = _mm512_setzero_ps();
-        lane_top[r] = _mm512_set1_ps(-FLT_MAX), lane_sum[r] = _mm512_setzero_ps();
-    }
-    const int num_blocks = (len + BS - 1) / BS;
-    for (int j = 0; j < num_blocks; j++) {
-        const size_t next = j + 1 < num_blocks ? (size_t)table[j + 1] * BS : SIZE_MAX; /* its first slot */
-        const int n = len - j * BS < BS ? len - j * BS : BS;
-        const float *kb = block_rows(kp, table[j], n, scratch);
-        for (int t0 = 0; t0 < n; t0 += 16) {
-            const int count = n - t0 < 16 ? n - t0 : 16;
-            const __mmask16 live = (__mmask16)((1u << count) - 1);
-            for (int t = 0; t < count && next != SIZE_MAX; t++) prefetch_row(kp, next + t0 + t);
-            for (int r = 0; r < REP; r++) {
-                const __m512 sc = count == 16 ? scores16(qv[r], kb + (size_t)t0 * HD, 16)
-                                              : scores16(qv[r], kb + (size_t)t0 * HD, count);
-                lane_top[r] = _mm512_mask_max_ps(lane_top[r], live, lane_top[r], sc);
-                _mm512_storeu_ps(s[r] + j * BS + t0, sc);
-            }
-        }
-    }
-    float top[REP];
-    for (int r = 0; r < REP; r++) top[r] = _mm512_reduce_max_ps(lane_top[r]);
-    for (int j = 0; j < num_blocks; j++) {
-        const size_t next = j + 1 < num_blocks ? (size_t)table[j + 1] * BS : SIZE_MAX;
-        const int n = len - j * BS < BS ? len - j * BS : BS;
-        const float *vb = block_rows(vp, table[j], n, scratch + BS * HD);
-        for (int t0 = 0; t0 < n; t0 += 16) {
-            const int count = n - t0 < 16 ? n - t0 : 16;
-            const __mmask16 live = (__mmask16)((1u << count) - 1);
-            float w[REP][16];
-            for (int r = 0; r < REP; r++) {
-                const __m512 sc = _mm512_loadu_ps(s[r] + j * BS + t0);
-                const __m512 e = _mm512_maskz_mov_ps(live, exp_nonpositive(_mm512_sub_ps(sc, _mm512_set1_ps(top[r]))));
-                lane_sum[r] = _mm512_add_ps(lane_sum[r], e);
-                _mm512_storeu_ps(w[r], e);
-            }
-            for (int t = 0; t < count; t++) {
-                if (next != SIZE_MAX) prefetch_row(vp, next + t0 + t);
-                for (int c = 0; c < HV; c++) {
-                    const __m512 v = _mm512_loadu_ps(vb + (size_t)(t0 + t) * HD + 16 * c);
-                    for (int r = 0; r < REP; r++) acc[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(w[r][t]), v, acc[r][c]);
-                }
-            }
-        }
-    }
-    for (int r = 0; r < REP; r++) {
-        const __m512 l = _mm512_set1_ps(_mm512_reduce_add_ps(lane_sum[r]));
-        for (int c = 0; c < HV; c++) _mm512_storeu_ps(out + r * HD + 16 * c, _mm512_div_ps(acc[r][c], l));
-    }
-}
 #define VECTOR_ATTENTION 1
 #else
 #define VECTOR_ATTENTION 0
@@ -193,11 +124,7 @@ static void attend_scalar(const float *q, side_t kp, side_t vp, const int32_t *t
         for (int d = 0; d < HD; d++) out[r * HD + d] = acc[r][d] / l[r];
 }
 
-static int g_vector_attention = VECTOR_ATTENTION, g_two_pass = 1;
-
-/* Whether the vector loop takes two passes where a row allows (1, the default) or always the online
-   softmax (0), for the tests' comparison in one process; returns the setting. */
-int two_pass_mode(int on) { return g_two_pass = on; }
+static int g_vector_attention = VECTOR_ATTENTION;
 
 /* Which loop attention takes from now on (1: the vector one, where built), for bench/attention.py's
    comparison in one process; returns the one in effect. */
@@ -212,7 +139,7 @@ static void attend(const float *q, side_t kp, side_t vp, const int32_t *table, i
                    float *scratch) {
 #if VECTOR_ATTENTION
     if (g_vector_attention) {
-        (len <= TWO_PASS_MAX && g_two_pass ? attend_two_pass : attend_vector)(q, kp, vp, table, len, out, scale, scratch);
+        attend_vector(q, kp, vp, table, len, out, scale, scratch);
         return;
     }
 #endif

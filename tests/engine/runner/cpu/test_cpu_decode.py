@@ -168,9 +168,8 @@ def test_the_kernel_writes_each_rows_new_slot_and_nothing_else():
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_attention_over_every_length_gives_mlxs_logits(block_size):
     # 32-wide heads, two query heads per K/V head, a 70-token chunk whose rows attend to 1-70 positions,
-    # over blocks in reverse order: every loop of cpu_attention.h (the vector ones, where the build has
-    # them: two passes, and the online softmax that rows past TWO_PASS_MAX positions take; in
-    # 16-position steps full and partial, one or two a block).
+    # over blocks in reverse order: both loops of cpu_attention.h (the vector one, where the build has
+    # it, in 16-position steps full and partial, one or two a block).
     model = tiny_llama(hidden_size=128, vocab_size=300)
     storage = tiny_storage(model, block_size=block_size)
     decode = make_cpu_decode(model, storage)
@@ -180,17 +179,13 @@ def test_attention_over_every_length_gives_mlxs_logits(block_size):
     positions = np.arange(len(tokens), dtype=np.int32)
     expected = np.asarray(model(mx.array(tokens)[None])[0])
     try:
-        for vector, two_pass in ((1, 1), (1, 0), (0, 0)):
+        for vector in (1, 0):
             decode._lib.attention_mode(vector)
-            decode._lib.two_pass_mode(two_pass)
             pools = [np.zeros(p.shape, np.float32) for p in CpuDecode.pool_arrays(storage)]
             logits = decode(tokens, positions, table, pools, pools[0].shape[1], positions)
-            np.testing.assert_allclose(
-                logits, expected, rtol=1e-3, atol=1e-3, err_msg=f"{vector=} {two_pass=}"
-            )
+            np.testing.assert_allclose(logits, expected, rtol=1e-3, atol=1e-3, err_msg=f"vector {vector}")
     finally:
         decode._lib.attention_mode(1)
-        decode._lib.two_pass_mode(1)
 
 
 def test_a_second_forward_of_one_shape_reuses_the_measured_direct_rows(monkeypatch):
