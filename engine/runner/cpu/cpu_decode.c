@@ -151,12 +151,13 @@ static void rms_norm(const float *x, const float *w, float *y, int rows) {
 /* Row b's RoPE angles, once a forward (every layer turns its q and k by the same): cs[b * HD + i] the
    cosine and cs[b * HD + HALF + i] the sine of position * frequency i. */
 static void rope_angles(const int32_t *positions, int rows, float *cs) {
-    for (int b = 0; b < rows; b++)
-        for (int i = 0; i < HALF; i++) {
-            float freq = expf(-(float)i * (logf(ROPE_BASE) / HALF));
-            float theta = (float)positions[b] * freq;
+    for (int i = 0; i < HALF; i++) {
+        const float freq = expf(-(float)i * (logf(ROPE_BASE) / HALF));
+        for (int b = 0; b < rows; b++) {
+            const float theta = (float)positions[b] * freq;
             cs[(size_t)b * HD + i] = cosf(theta), cs[(size_t)b * HD + HALF + i] = sinf(theta);
         }
+    }
 }
 
 static void rope(float *x, int heads, const float *cs) {

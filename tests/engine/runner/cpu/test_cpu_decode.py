@@ -188,6 +188,30 @@ def test_attention_over_every_length_gives_mlxs_logits(block_size):
         decode._lib.attention_mode(1)
 
 
+def test_the_last_layer_runs_on_the_logit_rows_only_and_writes_every_rows_kv():
+    # A 20-token chunk: logits of every row, of two rows in order (the last layer on those two only),
+    # of the same two out of order (every row through the last layer) and of none (K/V only). The
+    # K/V pools come out bit for bit the same each time, and the asked rows' logits are MLX's.
+    model = tiny_llama()
+    storage = tiny_storage(model)
+    decode = make_cpu_decode(model, storage)
+    assert decode is not None
+    tokens = np.array([(11 * i + 5) % 50 for i in range(20)], np.int32)
+    table = np.tile(np.arange(5, dtype=np.int32), (len(tokens), 1))
+    positions = np.arange(len(tokens), dtype=np.int32)
+    expected = np.asarray(model(mx.array(tokens)[None])[0])
+    results = {}
+    for name, rows in (("all", None), ("two", [3, 19]), ("reversed", [19, 3]), ("none", [])):
+        pools = [np.zeros(p.shape, np.float32) for p in CpuDecode.pool_arrays(storage)]
+        asked = None if rows is None else np.array(rows, np.int32)
+        results[name] = (decode(tokens, positions, table, pools, pools[0].shape[1], asked), pools)
+    for name, rows in (("two", [3, 19]), ("reversed", [19, 3])):
+        np.testing.assert_allclose(results[name][0], expected[rows], rtol=1e-3, atol=1e-3, err_msg=name)
+    assert results["none"][0].shape == (0, expected.shape[1])
+    for name in ("two", "reversed", "none"):
+        assert all(np.array_equal(a, b) for a, b in zip(results["all"][1], results[name][1])), name
+
+
 def test_a_second_forward_of_one_shape_reuses_the_measured_direct_rows(monkeypatch):
     monkeypatch.setattr(cpu_decode, "_DIRECT_ROWS", {})
     measured, measure = [], cpu_decode.measure_direct_rows
