@@ -291,6 +291,22 @@ class EngineConfig(BaseModel):
         ),
     )
 
+    cpu_amx: bool | None = Field(
+        None,
+        description=(
+            "The C forward (cpu_decode) multiplies the layer weights it holds as exact 4-bit codes (a 4-bit "
+            "model dequantized to float32: the bundled SmolLM2, from llama.cpp's Q4_1) on Intel AMX (Sapphire "
+            "Rapids and later) in float32 accuracy: each activation split into three bfloat16 pieces that hold "
+            "it exactly, each code a bfloat16 value, the products summed in float32 and scaled per group of 32 "
+            "(engine/runner/cpu/cpu_amx.h). Two kernels: one for prefill chunks, one for decode steps of up to "
+            "16 rows. At load the forward's logits with and without them are compared (same tokens, within "
+            "float32 rounding) and forwards of prefill and decode sizes timed both ways; each is kept only "
+            "where it is faster (prefill's frees oneDNN's copies of its weights). The copies cost 2.5 bytes a "
+            "weight. Without AMX on the CPU (or allowed by the OS) it is off. None or True: on where that "
+            "holds; False: off."
+        ),
+    )
+
     speculative: SpeculativeConfig | None = Field(
         None,
         description="Speculative decoding in the batched step (engine/spec_decode/); None: off. Requests "

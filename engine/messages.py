@@ -176,6 +176,9 @@ class ComputePaths:
     # The CPU's C forward's many-row products (engine/runner/cpu/onednn.py): "oneDNN <kernel> (...)" or
     # "sgemm" and why.
     prefill_matmul: str = "sgemm"
+    # The C forward's many-row products of 4-bit weights on Intel AMX (engine/runner/cpu/amx.py):
+    # "AMX bfloat16 x3 over N 4-bit products (...)", or "off" and why.
+    amx_matmul: str = "off"
     # The process's nice value at load. Ray starts its workers at 15 unless RAY_worker_niceness=0 is set
     # where the cluster starts (the README's start does): above 0, every busy thread of another process
     # at 0, Ray's own among them, runs before the engine's.

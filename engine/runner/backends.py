@@ -91,6 +91,7 @@ class Choice:
             quantized_rows=getattr(self.built.get("decode"), "quantized_rows", "off"),
             weight_packing=getattr(self.built.get("decode"), "weight_packing", "off"),
             prefill_matmul=getattr(self.built.get("decode"), "prefill_matmul", "sgemm"),
+            amx_matmul=getattr(self.built.get("decode"), "amx_matmul", "off"),
             niceness=os.nice(0) if hasattr(os, "nice") else 0,
         )
 
@@ -104,6 +105,7 @@ def choose(target: Target, config: EngineConfig) -> Choice:
         huge_pages=config.cpu_huge_pages is not False,
         exact_packing=config.cpu_exact_packing is not False,
         onednn=config.cpu_onednn is not False,
+        amx=config.cpu_amx is not False,
     )
     choice = Choice(target)
     for path in FAST_PATHS:

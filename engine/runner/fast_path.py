@@ -40,6 +40,8 @@ class Target:
     exact_packing: bool = True
     # Its many-row products may go through oneDNN (engine/runner/cpu/onednn.py): engine.cpu_onednn.
     onednn: bool = True
+    # Its many-row 4-bit products may run on AMX (engine/runner/cpu/amx.py): engine.cpu_amx.
+    amx: bool = True
 
 
 class DecodePath(Protocol):

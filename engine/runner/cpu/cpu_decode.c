@@ -21,10 +21,11 @@
    HD * KV_BITS / 32) uint32, and scales and biases (KVH, NB, BS, HD / KV_GROUP) float; a new K/V
    vector is quantized as mx.quantize does it, and attention dequantizes each block it reads.
 
-   One translation unit in eight files: this one (sizes, settings, the forward), cpu_pool.h (the helper
-   thread), cpu_tiles.h (vector kernels), cpu_pack.h (float32 weights kept in fewer bytes, exactly),
-   cpu_matmul.h (the matmuls), cpu_kv.h (the pools), cpu_attention.h (attention over them) and
-   cpu_greedy.h (greedy rows' tokens through a screened head). */
+   One translation unit in nine files: this one (sizes, settings, the forward), cpu_pool.h (the helper
+   thread), cpu_amx.h (many-row products of 4-bit weights on AMX), cpu_tiles.h (vector kernels),
+   cpu_pack.h (float32 weights kept in fewer bytes, exactly), cpu_matmul.h (the matmuls), cpu_kv.h (the
+   pools), cpu_attention.h (attention over them) and cpu_greedy.h (greedy rows' tokens through a
+   screened head). */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -86,6 +87,7 @@ typedef struct {
     int bits, group, exact;
     const float *f32; /* an exact packing's float32 weights, for sgemm: the float32 path's very call */
     void *onednn;     /* the float32 weights packed for oneDNN's matmul (onednn.c), or NULL */
+    void *amx;        /* an exact 4-bit packing's AMX tiles (cpu_amx.h), or NULL */
 } mat_t;
 
 /* onednn.c's entry points (configure_onednn), NULL where the forward's many-row products go to sgemm. */
@@ -96,6 +98,7 @@ static onednn_ready_t g_onednn_ready;
 static onednn_blocks_t g_onednn_blocks;
 static onednn_rows_t g_onednn_rows;
 static void *const *g_onednn; /* per weight of the forward's list: its packed copy, or NULL */
+static void *const *g_amx;    /* per weight of the forward's list: its AMX tiles (cpu_amx.h), or NULL */
 
 /* Weight `i` of the forward's list: four pointers (data; scales and biases, or NULL; the float32 weights
    an exact packing holds, or NULL) and two formats (bits, group) each; bits below 0 mark an exact
@@ -103,7 +106,8 @@ static void *const *g_onednn; /* per weight of the forward's list: its packed co
 static mat_t weight_at(const void *const *weights, const int32_t *formats, size_t i) {
     const int bits = formats[2 * i];
     mat_t m = {weights[4 * i],      weights[4 * i + 1], weights[4 * i + 2], bits < 0 ? -bits : bits,
-               formats[2 * i + 1], bits < 0,           weights[4 * i + 3], g_onednn ? g_onednn[i] : NULL};
+               formats[2 * i + 1], bits < 0,           weights[4 * i + 3], g_onednn ? g_onednn[i] : NULL,
+               g_amx ? g_amx[i] : NULL};
     return m;
 }
 
@@ -128,9 +132,20 @@ void configure_onednn(onednn_ready_t ready, onednn_blocks_t blocks, onednn_rows_
     g_onednn = ready && blocks && rows ? weights : NULL;
 }
 
+static int g_amx_many;               /* rows past the own matmuls' go to the 32-row AMX kernel (cpu_amx.h) */
+static int g_amx_few_min = 1 << 30; /* decode rows from which the few-row AMX kernel runs */
+
+/* Called after configure: one pointer per weight of the forward's list, its AMX tiles (amx_pack) or NULL
+   (NULL turns AMX off); whether rows past the own matmuls' go to AMX (`many`), and the row count from
+   which decode rows (up to 16) go to AMX's few-row kernel instead of the own matmuls (above 16: never). */
+void configure_amx(void *const *weights, int many, int few_min) {
+    g_amx = weights, g_amx_many = many, g_amx_few_min = few_min;
+}
+
 static inline int direct(int rows) { return rows >= g_direct_min && rows <= g_direct_rows; }
 
 #include "cpu_pool.h"
+#include "cpu_amx.h"
 #include "cpu_tiles.h"
 #include "cpu_pack.h"
 #include "cpu_matmul.h"
@@ -257,10 +272,16 @@ static void fused_item(void *ctx, int item, int worker) {
    sums (float32, or an exact packing: linear's qgemm_direct(x, NULL, NULL, ...)); else linear each. */
 static void linears(const mat_t *w, const float *x, float *const *y, const int *out, int n, int rows, int in,
                     int gated, mm_scratch_t sc) {
-    int fuse = direct(rows);
-    for (int i = 0; i < n; i++) fuse = fuse && (w[i].bits == 0 || w[i].exact);
-    if (!fuse) {
-        for (int i = 0; i < n; i++) linear(w[i], x, y[i], rows, out[i], in, sc);
+    int fuse = direct(rows), amx = amx_use(w[0].amx, rows, !fuse, g_amx_many, g_amx_few_min);
+    for (int i = 0; i < n; i++) {
+        fuse = fuse && (w[i].bits == 0 || w[i].exact);
+        amx = amx_use(w[i].amx, rows, !direct(rows), g_amx_many, g_amx_few_min) == amx ? amx : 0;
+    }
+    amx_input_t a;
+    amx = amx && amx_input(x, rows, in, amx == AMX_FEW, &a); /* the input split once for the n products */
+    for (int i = 0; amx && i < n; i++) amx_product(w[i].amx, &a, y[i]);
+    if (amx || !fuse) {
+        for (int i = 0; !amx && i < n; i++) linear(w[i], x, y[i], rows, out[i], in, sc);
         if (gated) {
             swiglu_job_t swiglu = {y[0], y[1], (size_t)rows * FF};
             parallel_for((int)((swiglu.n + SWIGLU_ITEM - 1) / SWIGLU_ITEM), swiglu_item, &swiglu);

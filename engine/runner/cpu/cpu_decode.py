@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.platform.blas import blas_state, default_blas_threads
-from engine.runner.cpu import exact_pack, huge_pages, native_build, onednn
+from engine.runner.cpu import amx, exact_pack, huge_pages, native_build, onednn
 from engine.runner.cpu.cpu_decode_probe import probe_refusal
 from engine.runner.cpu.direct_rows import measure_direct_rows
 from engine.runner.cpu.matrix import Matrix, shapes_of
@@ -148,6 +148,12 @@ class CpuDecode:
         # Many-row products through oneDNN (onednn.py), where attach_onednn kept it.
         self.onednn: onednn.OneDnn | None = None
         self.prefill_matmul = "sgemm"
+        # 4-bit many-row products on AMX (amx.py), where attach_amx kept it: before oneDNN's.
+        amx.declare(lib)
+        self.amx: amx.Amx | None = None
+        self.amx_many = False  # rows past the own matmuls' (prefill chunks) go to AMX
+        self.amx_few_min = amx.NEVER  # decode rows from which the few-row AMX kernel runs
+        self.amx_matmul = "off"
         self._measure_direct_rows()
         # Greedy rows screen a float32 head through its bfloat16 copy (cpu_greedy.h); None: a quantized
         # or packed head (exact_pack.py), which the kernel reads whole, in fewer bytes than the copy.
@@ -219,6 +225,8 @@ class CpuDecode:
             self._lib.configure_onednn(None, None, None, None)
         else:
             self._lib.configure_onednn(*self.onednn.entry_points, self.onednn.handles)
+        handles = None if self.amx is None else self.amx.handles
+        self._lib.configure_amx(handles, int(self.amx_many), self.amx_few_min)
 
     @property
     def threads(self) -> int:
@@ -233,6 +241,23 @@ class CpuDecode:
     def attach_onednn(self) -> None:
         """Many-row products through oneDNN from now on, where onednn.choose keeps it."""
         self.onednn, self.prefill_matmul = onednn.choose(self)
+
+    def attach_amx(self) -> None:
+        """4-bit products on AMX from now on, the rows amx.choose gives it; where it takes prefill chunks,
+        oneDNN's copies of its weights are freed (no product reads them any more)."""
+        self.amx, self.amx_many, self.amx_few_min, self.amx_matmul = amx.choose(self)
+        if self.amx is None or not self.amx_many or self.onednn is None:
+            return
+        taken = [i for i, handle in enumerate(self.amx.handles) if handle and self.onednn.handles[i]]
+        for i in taken:
+            self.onednn.drop(i)
+        if taken:
+            self.prefill_matmul += f"; {len(taken)} of its weights on AMX instead, their copies freed"
+
+    @property
+    def library(self) -> ctypes.CDLL:
+        """The built kernel."""
+        return self._lib
 
     @property
     def matrices(self) -> list[Matrix]:
@@ -431,6 +456,10 @@ class CForwardDecode:
             decode.attach_onednn()
         else:
             decode.prefill_matmul = "sgemm (engine.cpu_onednn is false)"
+        if target.amx:
+            decode.attach_amx()
+        else:
+            decode.amx_matmul = "off (engine.cpu_amx is false)"
         refusal = probe_refusal(decode, model, storage)
         return (None, refusal) if refusal else (decode, None)
 

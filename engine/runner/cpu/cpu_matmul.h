@@ -194,6 +194,12 @@ typedef struct {
 
 /* y = x @ w.T, w (out, in) as nn.Linear keeps it (or its quantized form) */
 static void linear(mat_t w, const float *x, float *y, int rows, int out, int in, mm_scratch_t sc) {
+    amx_input_t a;
+    const int amx = amx_use(w.amx, rows, !direct(rows), g_amx_many, g_amx_few_min);
+    if (amx && amx_input(x, rows, in, amx == AMX_FEW, &a)) {
+        amx_product(w.amx, &a, y);
+        return;
+    }
     if (w.onednn && rows > 1 && !direct(rows) && onednn_linear(w.onednn, x, y, rows, out, in)) return;
     if (!direct(rows)) atomic_store(&pool.blas, 1); /* the helper sleeps through OpenBLAS's call */
     if (w.bits == 0 || (w.f32 && !direct(rows))) {
@@ -239,7 +245,7 @@ int matmul(const void *const *weight, const int32_t *format, const float *x, flo
            int in, int mode) {
     if (mode == 0 && rows > MAX_DIRECT) return -1;
     mat_t w = weight_at(weight, format, 0);
-    w.onednn = NULL; /* g_onednn indexes the forward's list, not this one */
+    w.onednn = w.amx = NULL; /* g_onednn and g_amx index the forward's list, not this one */
     float *tile = malloc(sizeof(float) * ((size_t)TILE * in + (size_t)MAX_DIRECT * in / 32));
     if (!tile) return -1;
     mm_scratch_t sc = {tile, tile + (size_t)TILE * in};

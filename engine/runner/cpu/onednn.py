@@ -59,7 +59,17 @@ class OneDnn:
     nbytes: int
 
     def __post_init__(self) -> None:
-        weakref.finalize(self, _free, self.lib, list(filter(None, self.handles)))
+        self._live = list(filter(None, self.handles))  # the finalizer frees what is left of it
+        weakref.finalize(self, _free, self.lib, self._live)
+
+    def drop(self, index: int) -> None:
+        """Frees weight `index`'s packed copy (another path multiplies it now): sgemm would take it again."""
+        handle = self.handles[index]
+        if handle:
+            self.nbytes -= self.lib.onednn_bytes(handle)
+            self._live.remove(handle)
+            self.lib.onednn_free(handle)
+            self.handles[index] = None
 
     @property
     def entry_points(self) -> tuple[int, int, int]:
@@ -247,25 +257,27 @@ def close_logits(first: np.ndarray, second: np.ndarray) -> bool:
     return bool((first.argmax(axis=1) == second.argmax(axis=1)).all())
 
 
-def faster(timed: dict[str, list[float]]) -> bool:
-    """From whole-forward seconds per mode ("onednn", "sgemm") at the measured row counts (the fastest
-    of each), whether oneDNN's total is lower."""
-    return sum(timed["onednn"]) < sum(timed["sgemm"])
+def faster(timed: dict[str, list[float]], modes: tuple[str, str] = ("onednn", "sgemm")) -> bool:
+    """From whole-forward seconds per mode (the new one first, then the one it would replace) at the
+    measured row counts (the fastest of each), whether the new one's total is lower."""
+    return sum(timed[modes[0]]) < sum(timed[modes[1]])
 
 
 def time_modes(
-    forward_of: Callable[[int], Callable[[], float]], use: Callable[[bool], None]
+    forward_of: Callable[[int], Callable[[], float]],
+    use: Callable[[bool], None],
+    modes: tuple[str, str] = ("onednn", "sgemm"),
 ) -> dict[str, list[float]]:
     """The fastest whole forward at each of MEASURE_ROWS in each mode, the two alternating:
     forward_of(rows) -> a callable that runs one forward and returns its seconds; use(on) switches
-    oneDNN on or off (left off)."""
-    timed: dict[str, list[float]] = {"onednn": [], "sgemm": []}
+    the first mode (oneDNN, say) on or off (left off)."""
+    timed: dict[str, list[float]] = {mode: [] for mode in modes}
     for rows in MEASURE_ROWS:
         forward = forward_of(rows)
-        best = {"onednn": float("inf"), "sgemm": float("inf")}
+        best = dict.fromkeys(modes, float("inf"))
         for _ in range(MEASURE_REPS):
-            for mode in ("onednn", "sgemm"):
-                use(mode == "onednn")
+            for mode in modes:
+                use(mode == modes[0])
                 best[mode] = min(best[mode], forward())
         for mode, seconds in best.items():
             timed[mode].append(seconds)

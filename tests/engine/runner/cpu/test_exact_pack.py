@@ -26,11 +26,11 @@ def layer_linears(model: nn.Module) -> list[nn.Linear]:
     return [m for layer in model.model.layers for m in cpu_decode._projections(layer)]
 
 
-def affine_exact_llama() -> nn.Module:
-    """A tiny Llama whose projections are 4-bit codes times a float16 scale plus a float16 bias per 32
-    weights, in float32, each group from code 0 to code 15: what a GGUF Q4_1 model dequantized to
-    float32 holds."""
-    model, rng = tiny_llama(), np.random.default_rng(5)
+def affine_exact_llama(**overrides) -> nn.Module:
+    """A tiny Llama (tiny_llama's, with `overrides`) whose projections are 4-bit codes times a float16
+    scale plus a float16 bias per 32 weights, in float32, each group from code 0 to code 15: what a
+    GGUF Q4_1 model dequantized to float32 holds."""
+    model, rng = tiny_llama(**overrides), np.random.default_rng(5)
     for linear in layer_linears(model):
         out, width = linear.weight.shape
         codes = rng.integers(0, 16, (out, width // 32, 32)).astype(np.float32)
