@@ -180,6 +180,33 @@ PEERS: dict[str, Peer] = {
 }
 
 
+def amx_cpu() -> bool:
+    """Whether this CPU has AMX (Sapphire Rapids and later), where llama.cpp built with GGML_NATIVE
+    repacks quantized weights for its AMX kernels."""
+    try:
+        return "amx_int8" in Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+
+
+# llama.cpp's AMX kernels crash the server on some AMX machines (SIGSEGV at the first product of the
+# repacked Q4_1 weights: ggml-org/llama.cpp#20824, still open; seen here on a 2-core Xeon with AMX).
+# There its weights are not repacked: llama-server's --no-repack, and for llama-cpp-python, whose
+# Llama class has no such setting, the same field of llama.cpp's model parameters (use_extra_bufts)
+# set off before its server starts.
+LLAMA_CPP_PYTHON_NO_REPACK = (
+    "import runpy, sys, llama_cpp\n"
+    "defaults = llama_cpp.llama_model_default_params\n"
+    "def no_repack():\n"
+    "    params = defaults()\n"
+    "    params.use_extra_bufts = False\n"
+    "    return params\n"
+    "llama_cpp.llama_model_default_params = no_repack\n"
+    "sys.argv[0] = 'llama_cpp.server'\n"
+    "runpy.run_module('llama_cpp.server', run_name='__main__', alter_sys=True)\n"
+)
+
+
 def server_command(peer: Peer, inputs: ServeInputs) -> list[str]:
     bin_dir = peer.venv(inputs.cache) / "bin"
     host_port = ["--host", "127.0.0.1", "--port", str(inputs.port)]
@@ -197,12 +224,13 @@ def server_command(peer: Peer, inputs: ServeInputs) -> list[str]:
         slots = LLAMA_SERVER_SLOTS
         return [str(inputs.llama_build / "bin" / "llama-server"), "-m", str(inputs.ggufs[peer.weights]),
                 *host_port, "--parallel", str(slots), "--cont-batching", "-c", str(slots * inputs.ctx_per_slot),
-                "-t", str(inputs.num_threads)]  # fmt: skip
+                "-t", str(inputs.num_threads), *(["--no-repack"] if amx_cpu() else [])]  # fmt: skip
     if peer.kind == "llama-cpp-python":
         assert peer.weights is not None
         # It serves one request at a time; by default a new request ends the one streaming (it sends
         # [DONE] early and drops the connection). Off, requests wait their turn.
-        return [str(bin_dir / "python"), "-m", "llama_cpp.server", "--model", str(inputs.ggufs[peer.weights]),
+        start = ["-c", LLAMA_CPP_PYTHON_NO_REPACK] if amx_cpu() else ["-m", "llama_cpp.server"]
+        return [str(bin_dir / "python"), *start, "--model", str(inputs.ggufs[peer.weights]),
                 *host_port, "--n_threads", str(inputs.num_threads), "--interrupt_requests", "False"]  # fmt: skip
     raise ValueError(f"no command for {peer.name}; ours is started by bench/serve.py")
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from engine.runner.cpu import onednn
+from engine.runner.cpu import exact_pack, onednn
 from engine.runner.cpu.matrix import Matrix, shapes_of
 
 import numpy as np
@@ -79,6 +79,13 @@ def pack(lib: ctypes.CDLL, weights: list[Matrix]) -> Amx | str:
     ]
     if not candidates:
         return "off (no layer weight is held as exact 4-bit codes)"
+    needed = sum(
+        weights[i].shape[0] * weights[i].shape[1] * 5 // 2 for i in candidates
+    )  # tiles of both kinds
+    if needed > exact_pack.memory_budget():
+        return (
+            f"off (AMX's copies ({needed / 2**20:.0f} MiB) would take over a quarter of the memory available)"
+        )
     handles = (ctypes.c_void_p * len(weights))()
     for i in candidates:
         codes, scales, biases = weights[i].arrays

@@ -151,6 +151,15 @@ def test_logits_that_differ_turn_it_off(model, monkeypatch):
     assert decode.amx is None and decode.amx_matmul == "off (the AMX products' logits differed at load)"
 
 
+@needs_amx
+def test_copies_past_the_memory_budget_are_not_made(decode, monkeypatch):
+    monkeypatch.setattr(amx.exact_pack, "memory_budget", lambda: 1000)
+    said = amx.pack(decode.library, decode.matrices)
+    assert (
+        isinstance(said, str) and said.startswith("off (AMX's copies (") and "quarter of the memory" in said
+    )
+
+
 def test_float32_weights_that_no_4_bit_group_holds_have_no_copies():
     decode = built(tiny_llama())
     assert decode.amx is None
