@@ -195,13 +195,14 @@ def amx_cpu() -> bool:
 # Llama class has no such setting, the same field of llama.cpp's model parameters (use_extra_bufts)
 # set off before its server starts.
 LLAMA_CPP_PYTHON_NO_REPACK = (
-    "import runpy, sys, llama_cpp\n"
-    "defaults = llama_cpp.llama_model_default_params\n"
+    "import runpy, sys\n"
+    "import llama_cpp.llama_cpp as api\n"  # the module its Llama class calls the C API through
+    "defaults = api.llama_model_default_params\n"
     "def no_repack():\n"
     "    params = defaults()\n"
     "    params.use_extra_bufts = False\n"
     "    return params\n"
-    "llama_cpp.llama_model_default_params = no_repack\n"
+    "api.llama_model_default_params = no_repack\n"
     "sys.argv[0] = 'llama_cpp.server'\n"
     "runpy.run_module('llama_cpp.server', run_name='__main__', alter_sys=True)\n"
 )
