@@ -22,7 +22,7 @@
    vector is quantized as mx.quantize does it, and attention dequantizes each block it reads.
 
    One translation unit in nine files: this one (sizes, settings, the forward), cpu_pool.h (the helper
-   thread), cpu_amx.h (many-row products of 4-bit weights on AMX), cpu_tiles.h (vector kernels),
+   thread), cpu_amx.h (products of exact 4-bit weights on AMX), cpu_tiles.h (vector kernels),
    cpu_pack.h (float32 weights kept in fewer bytes, exactly), cpu_matmul.h (the matmuls), cpu_kv.h (the
    pools), cpu_attention.h (attention over them) and cpu_greedy.h (greedy rows' tokens through a
    screened head). */

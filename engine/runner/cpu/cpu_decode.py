@@ -148,7 +148,8 @@ class CpuDecode:
         # Many-row products through oneDNN (onednn.py), where attach_onednn kept it.
         self.onednn: onednn.OneDnn | None = None
         self.prefill_matmul = "sgemm"
-        # 4-bit many-row products on AMX (amx.py), where attach_amx kept it: before oneDNN's.
+        # Exact 4-bit weights' products on AMX (amx.py): prefill chunks (before oneDNN's) and decode steps
+        # of up to 16 rows (before the own matmuls), where attach_amx kept each.
         amx.declare(lib)
         self.amx: amx.Amx | None = None
         self.amx_many = False  # rows past the own matmuls' (prefill chunks) go to AMX
