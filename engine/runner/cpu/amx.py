@@ -32,7 +32,8 @@ logger = logging.getLogger(__name__)
 # time_modes' answers in this process by the forward's build, weights' shapes and formats, direct rows
 # and threads: a second engine of one shape reuses them instead of the timed forwards.
 _TIMINGS: dict[tuple, dict[str, list[float]]] = {}
-_MODES = ("amx", "without")
+_MODES = ("amx", "without")  # prefill-sized forwards: the 32-row kernel, and the path it would replace
+_FEW_MODES = ("few", "own")  # decode-sized forwards: the few-row kernel, and the own matmuls
 NEVER = 1 << 30  # a few-row threshold no row count reaches: decode rows stay on the own matmuls
 
 
@@ -138,14 +139,7 @@ def choose(decode: Forward) -> tuple[Amx | None, bool, int, str]:
     many = onednn.faster(timed, _MODES)
     faster = [rows for rows, one, two in zip(FEW_ROWS, timed["few"], timed["own"], strict=True) if one < two]
     few_min = next((r for r in FEW_ROWS if all(n in faster for n in FEW_ROWS if n >= r)), NEVER)
-    prefill = ", ".join(
-        f"{rows} rows {one * 1e3:.1f} against {two * 1e3:.1f} ms"
-        for rows, one, two in zip(onednn.MEASURE_ROWS, timed["amx"], timed["without"], strict=True)
-    )
-    steps = ", ".join(
-        f"{rows} rows {one * 1e3:.1f} against {two * 1e3:.1f} ms"
-        for rows, one, two in zip(FEW_ROWS, timed["few"], timed["own"], strict=True)
-    )
+    prefill, steps = onednn.describe(timed, _MODES), onednn.describe(timed, _FEW_MODES, FEW_ROWS)
     if not many and few_min == NEVER:
         text = f"off (slower here: prefill {prefill}; decode {steps})"
         logger.info("C forward: AMX %s, decided in %.1f s", text, time.perf_counter() - began)
@@ -188,16 +182,12 @@ def _time(decode: Forward, packed: Amx) -> dict[str, list[float]]:
     timed = onednn.time_modes(
         lambda rows: _timer(decode, rows), lambda on: _use(decode, packed if on else None), _MODES
     )
-    timed |= {"few": [], "own": []}
-    for rows in FEW_ROWS:
-        forward = _timer(decode, rows)
-        best = {"few": float("inf"), "own": float("inf")}
-        for _ in range(onednn.MEASURE_REPS):
-            for mode, fastest in best.items():
-                _use(decode, packed, False, 1 if mode == "few" else NEVER)
-                best[mode] = min(fastest, forward())
-        timed["few"].append(best["few"])
-        timed["own"].append(best["own"])
+    timed |= onednn.time_modes(
+        lambda rows: _timer(decode, rows),
+        lambda on: _use(decode, packed, False, 1 if on else NEVER),
+        _FEW_MODES,
+        FEW_ROWS,
+    )
     _use(decode, None)
     return timed
 

@@ -141,8 +141,9 @@ typedef struct {
     uint8_t rows[16];
 } tile_config_t;
 
-/* Tiles 0-3 the sums (2 row tiles x 2 channel tiles), 4-5 the activations' pieces, 6-7 the codes: each
-   16 rows of 64 bytes. A thread loads the configuration once. */
+/* Eight tiles of 16 rows of 64 bytes: 0-3 the sums, then the 32-row kernel's two pieces' tiles (4-5)
+   and two code tiles (6-7), or the few-row kernel's three pieces' tiles (4-6) and one code tile (7).
+   A thread loads the configuration once. */
 static void amx_configure(void) {
     static __thread int configured;
     if (configured) return;
@@ -157,14 +158,14 @@ typedef struct {
     const uint16_t *pieces; /* 3 planes of (padded rows, in) bfloat16 */
     const float *xsum;      /* (padded rows, groups) */
     float *y;
-    int rows, row_blocks;
+    int rows;
     size_t plane;
 } amx_job_t;
 
 /* Item i: rows [32 r, 32 r + 32) against channels [32 c, 32 c + 32), r = i / pairs, c = i % pairs (pairs:
    out / 32): a worker's consecutive items reuse one row block's pieces (6 bytes an input, from L2) and
    read the codes' tiles (2 bytes a weight) once per row block. Channel blocks first read the pieces
-   again for every 32 channels: 3x the bytes, and a 512-row chunk 1.1x slower. */
+   again for every 32 channels: 3x the bytes, and a 512-row forward 1.34x slower. */
 static void amx_item(void *ctx, int i, int worker) {
     (void)worker;
     const amx_job_t *job = ctx;
@@ -264,22 +265,20 @@ static void few_item(void *ctx, int i, int worker) {
         _tile_loadd(4, a, 64);
         _tile_loadd(5, a + FEW_ROWS * 32, 64);
         _tile_loadd(6, a + 2 * FEW_ROWS * 32, 64);
-        _tile_loadd(7, tiles[0], 64);
-        _tile_dpbf16ps(0, 4, 7);
-        _tile_dpbf16ps(0, 5, 7);
-        _tile_dpbf16ps(0, 6, 7);
-        _tile_loadd(7, tiles[1], 64);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(1, 5, 7);
-        _tile_dpbf16ps(1, 6, 7);
-        _tile_loadd(7, tiles[2], 64);
-        _tile_dpbf16ps(2, 4, 7);
-        _tile_dpbf16ps(2, 5, 7);
-        _tile_dpbf16ps(2, 6, 7);
-        _tile_loadd(7, tiles[3], 64);
-        _tile_dpbf16ps(3, 4, 7);
-        _tile_dpbf16ps(3, 5, 7);
-        _tile_dpbf16ps(3, 6, 7);
+/* Sum tile T += the three pieces (tiles 4-6) times code tile T, loaded into tile 7 (tile numbers are
+   immediates: one expansion per tile instead of a loop). */
+#define FEW_PRODUCTS(T)                \
+    do {                               \
+        _tile_loadd(7, tiles[T], 64);  \
+        _tile_dpbf16ps(T, 4, 7);       \
+        _tile_dpbf16ps(T, 5, 7);       \
+        _tile_dpbf16ps(T, 6, 7);       \
+    } while (0)
+        FEW_PRODUCTS(0);
+        FEW_PRODUCTS(1);
+        FEW_PRODUCTS(2);
+        FEW_PRODUCTS(3);
+#undef FEW_PRODUCTS
         _tile_stored(0, sums, 256);
         _tile_stored(1, sums + 16, 256);
         _tile_stored(2, sums + 32, 256);
@@ -367,11 +366,11 @@ static int amx_input(const float *x, int rows, int in, int few, amx_input_t *a) 
 
 /* y = w(x) for an input amx_input made, as items of the pool (the few-row kernel for a `few` input). */
 static void amx_product(const amx_weight_t *w, const amx_input_t *a, float *y) {
-    amx_job_t job = {w, a->pieces, a->xsum, y, a->rows, a->padded / AMX_ROWS, a->plane};
+    amx_job_t job = {w, a->pieces, a->xsum, y, a->rows, a->plane};
     if (a->few)
         parallel_for(w->out / FEW_CHANNELS, few_item, &job);
     else
-        parallel_for(job.row_blocks * (w->out / AMX_CHANNELS), amx_item, &job);
+        parallel_for(a->padded / AMX_ROWS * (w->out / AMX_CHANNELS), amx_item, &job);
     atomic_fetch_add_explicit(&amx_calls, 1, memory_order_relaxed);
 }
 /* y = x @ w.T, x (rows, in), y (rows, out), for the tests and bench/amx.py (`few`: through the few-row

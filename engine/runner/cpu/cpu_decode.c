@@ -272,10 +272,11 @@ static void fused_item(void *ctx, int item, int worker) {
    sums (float32, or an exact packing: linear's qgemm_direct(x, NULL, NULL, ...)); else linear each. */
 static void linears(const mat_t *w, const float *x, float *const *y, const int *out, int n, int rows, int in,
                     int gated, mm_scratch_t sc) {
-    int fuse = direct(rows), amx = amx_use(w[0].amx, rows, !fuse, g_amx_many, g_amx_few_min);
-    for (int i = 0; i < n; i++) {
+    const int past = !direct(rows);
+    int fuse = !past, amx = amx_use(w[0].amx, rows, past, g_amx_many, g_amx_few_min);
+    for (int i = 0; i < n; i++) { /* AMX only where every weight goes to the same kernel */
+        amx = amx_use(w[i].amx, rows, past, g_amx_many, g_amx_few_min) == amx ? amx : 0;
         fuse = fuse && (w[i].bits == 0 || w[i].exact);
-        amx = amx_use(w[i].amx, rows, !direct(rows), g_amx_many, g_amx_few_min) == amx ? amx : 0;
     }
     amx_input_t a;
     amx = amx && amx_input(x, rows, in, amx == AMX_FEW, &a); /* the input split once for the n products */

@@ -212,10 +212,7 @@ def choose(decode: Forward) -> tuple[OneDnn | None, str]:
             lambda rows: _timer(decode, rows), lambda on: setattr(decode, "onednn", packed if on else None)
         )
     timed = _TIMINGS[key]
-    described = ", ".join(
-        f"{rows} rows {one * 1e3:.1f} against {two * 1e3:.1f} ms"
-        for rows, one, two in zip(MEASURE_ROWS, timed["onednn"], timed["sgemm"], strict=True)
-    )
+    described = describe(timed)
     kept = packed if faster(timed) else None
     text = f"oneDNN {packed.impl} ({packed.nbytes / 2**20:.0f} MiB of packed weights; {described})"
     text = text if kept else f"sgemm (oneDNN slower here: {described})"
@@ -263,16 +260,30 @@ def faster(timed: dict[str, list[float]], modes: tuple[str, str] = ("onednn", "s
     return sum(timed[modes[0]]) < sum(timed[modes[1]])
 
 
+def describe(
+    timed: dict[str, list[float]],
+    modes: tuple[str, str] = ("onednn", "sgemm"),
+    row_counts: tuple[int, ...] = MEASURE_ROWS,
+) -> str:
+    """time_modes' answer as the status says it: "64 rows 1.0 against 2.0 ms, ..." (the first mode, then
+    the second)."""
+    return ", ".join(
+        f"{rows} rows {one * 1e3:.1f} against {two * 1e3:.1f} ms"
+        for rows, one, two in zip(row_counts, timed[modes[0]], timed[modes[1]], strict=True)
+    )
+
+
 def time_modes(
     forward_of: Callable[[int], Callable[[], float]],
     use: Callable[[bool], None],
     modes: tuple[str, str] = ("onednn", "sgemm"),
+    row_counts: tuple[int, ...] = MEASURE_ROWS,
 ) -> dict[str, list[float]]:
-    """The fastest whole forward at each of MEASURE_ROWS in each mode, the two alternating:
+    """The fastest whole forward at each of `row_counts` in each mode, the two alternating:
     forward_of(rows) -> a callable that runs one forward and returns its seconds; use(on) switches
     the first mode (oneDNN, say) on or off (left off)."""
     timed: dict[str, list[float]] = {mode: [] for mode in modes}
-    for rows in MEASURE_ROWS:
+    for rows in row_counts:
         forward = forward_of(rows)
         best = dict.fromkeys(modes, float("inf"))
         for _ in range(MEASURE_REPS):
